@@ -1,0 +1,5 @@
+"""``python -m pipeline``: the same as the ``chunkyard`` command."""
+
+from .cli import run
+
+run()

@@ -1,0 +1,161 @@
+"""The command line: typer + rich, thin over the runner (SPEC §7)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import orjson
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from . import __version__
+from .errors import PipelineError
+from .ingest import Options, Summary, ingest
+from .models import Policy
+from .normalize import DEFAULT_MAX_BYTES
+from .tokens import TOKENIZERS
+
+app = typer.Typer(
+    name="chunkyard",
+    help="Markdown → one validated JSON file per chunk, for retrieval-augmented generation.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err = Console(stderr=True)
+out_console = Console()
+
+CorpusArg = Annotated[Optional[Path], typer.Argument(help="Folder of Markdown to chunk.", show_default="corpus/")]  # noqa: UP007
+CorpusOpt = Annotated[Optional[Path], typer.Option("--corpus", help="The corpus folder (instead of the argument).")]  # noqa: UP007
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder.")]
+TargetOpt = Annotated[int, typer.Option("--target-tokens", min=16, help="Token budget per chunk (embedText).")]
+OverlapOpt = Annotated[int, typer.Option("--overlap-tokens", min=0, help="Overlap between pieces of a split paragraph.")]
+TokenizerOpt = Annotated[str, typer.Option("--tokenizer", help=f"Tokenizer: {', '.join(TOKENIZERS)}.")]
+PrefixOpt = Annotated[bool, typer.Option("--context-prefix/--no-context-prefix", help="Prefix embedText with 'title > breadcrumb'.")]
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", min=0, help="Worker processes (0 = one per core).")]
+FullOpt = Annotated[bool, typer.Option("--full", help="Re-chunk every document, not only changed ones.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no table; errors only.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")]
+ExcludeOpt = Annotated[Optional[list[str]], typer.Option("--exclude", help="Glob of paths to skip (repeatable).")]  # noqa: UP007
+MaxBytesOpt = Annotated[int, typer.Option("--max-bytes", min=1, help="Refuse files larger than this.")]
+WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for another run holding the output lock.")]
+LangOpt = Annotated[str, typer.Option("--lang", help="Language when front matter names none.")]
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        print(f"chunkyard {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    """chunkyard: Markdown → one validated JSON file per chunk."""
+
+
+def resolve_corpus(arg: Path | None, opt: Path | None) -> Path:
+    if arg is not None and opt is not None and arg != opt:
+        raise typer.BadParameter("give the corpus as the argument or --corpus, not both")
+    return arg or opt or Path("corpus")
+
+
+def make_policy(target: int, overlap: int, tokenizer: str, prefix: bool, lang: str) -> Policy:
+    if tokenizer not in TOKENIZERS:
+        raise typer.BadParameter(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}",
+                                 param_hint="--tokenizer")
+    if overlap >= target:
+        raise typer.BadParameter("must be smaller than --target-tokens", param_hint="--overlap-tokens")
+    return Policy(target, overlap, tokenizer, prefix, lang)
+
+
+@app.command("ingest")
+def ingest_cmd(
+    corpus: CorpusArg = None,
+    corpus_opt: CorpusOpt = None,
+    out: OutOpt = Path("chunks"),
+    target_tokens: TargetOpt = 512,
+    overlap_tokens: OverlapOpt = 64,
+    tokenizer: TokenizerOpt = "cl100k_base",
+    context_prefix: PrefixOpt = True,
+    lang: LangOpt = "en",
+    jobs: JobsOpt = 0,
+    full: FullOpt = False,
+    exclude: ExcludeOpt = None,
+    max_bytes: MaxBytesOpt = DEFAULT_MAX_BYTES,
+    wait: WaitOpt = True,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Chunk a folder of Markdown into one JSON file per chunk (incremental)."""
+    opts = Options(
+        corpus=resolve_corpus(corpus, corpus_opt),
+        out=out,
+        policy=make_policy(target_tokens, overlap_tokens, tokenizer, context_prefix, lang),
+        jobs=jobs or os.cpu_count() or 1,
+        full=full,
+        exclude=tuple(exclude or ()),
+        max_bytes=max_bytes,
+        wait=wait,
+    )
+    show = not quiet and not json_out and err.is_terminal
+    progress = Progress(TextColumn("[bold]chunking"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[doc]}"), TimeRemainingColumn(),
+                        console=err, transient=True, disable=not show)
+    task = progress.add_task("chunking", total=None, doc="")
+
+    def waiting(holder: str) -> None:
+        if not quiet:
+            err.print(f"[yellow]waiting[/] for the lock on {out}: held by {holder}")
+
+    try:
+        with progress:
+            summary = ingest(
+                opts,
+                on_start=lambda n: progress.update(task, total=n),
+                on_result=lambda r: progress.update(task, advance=1, doc=r.rel_path[-40:]),
+                on_wait=waiting,
+            )
+    except PipelineError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    report(summary, quiet=quiet, json_out=json_out)
+    raise typer.Exit(1 if summary.failures else 0)
+
+
+def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
+    """The end-of-run summary: a table (or JSON), then every failure with its reason."""
+    if json_out:
+        sys.stdout.write(orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    for warning in summary.warnings:
+        if not quiet:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    for failure in summary.failures:
+        err.print(f"[red]failed:[/] {failure}", highlight=False, soft_wrap=True)
+    if quiet:
+        return
+    table = Table(title="chunkyard ingest", show_header=True, header_style="bold")
+    for col in ("documents", "chunked", "skipped", "failed", "chunks", "tokens",
+                "written", "unchanged", "removed", "seconds", "MB/s"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        f"{summary.documents:,}", f"{summary.processed - len(summary.failures) if summary.processed else 0:,}",
+        f"{summary.skipped:,}", f"{len(summary.failures):,}", f"{summary.chunks:,}",
+        f"{summary.tokens:,}", f"{summary.added + summary.changed:,}", f"{summary.unchanged:,}",
+        f"{summary.removed:,}", f"{summary.seconds:.2f}", f"{summary.mb_per_s:.2f}",
+    )
+    out_console.print(table)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,84 @@
+"""Discovery: which files of a corpus folder are documents (SPEC §5)."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIXES = (".md", ".markdown")
+SKIP_DIRS = frozenset({".git", ".chunkyard"})
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A document found under the corpus root."""
+
+    path: str  #: absolute path (through symlinks as found)
+    rel_path: str  #: corpus-relative POSIX path
+
+
+def is_document(name: str) -> bool:
+    """``*.md`` / ``*.markdown``, any case; ``.md`` alone is a hidden file, not a document."""
+    stem, dot, suffix = name.rpartition(".")
+    return bool(dot) and bool(stem) and f".{suffix.lower()}" in SUFFIXES
+
+
+def excluded(rel_path: str, patterns: tuple[str, ...]) -> bool:
+    """``--exclude`` globs match the relative path or any of its folders."""
+    parts = rel_path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch.fnmatchcase(p, pat) for pat in patterns for p in (*prefixes, parts[-1]))
+
+
+def discover(
+    root: Path, out: Path | None = None, exclude: tuple[str, ...] = ()
+) -> tuple[list[Found], list[str]]:
+    """Every document under ``root``, sorted by relative path, and the folders it could not read.
+
+    Symlinks to files are followed; symlinked folders are followed once, never
+    into a loop; ``.git`` folders and the output folder are skipped.
+    """
+    problems: list[str] = []
+    root = root.resolve()
+    out_real = out.resolve() if out is not None else None
+    seen_dirs: set[tuple[int, int]] = set()
+    found: list[Found] = []
+
+    def walk(folder: Path, rel: str) -> None:
+        try:
+            st = folder.stat()
+        except OSError:
+            return
+        key = (st.st_dev, st.st_ino)
+        if key in seen_dirs:
+            return  # a symlink loop, or a folder reached twice
+        seen_dirs.add(key)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            problems.append(
+                f"{rel or '.'}/: read: cannot list folder ({exc.strerror}) (hint: make it readable)"
+            )
+            return
+        for entry in entries:
+            rel_path = f"{rel}/{entry.name}" if rel else entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=True)
+                is_file = entry.is_file(follow_symlinks=True)
+            except OSError:
+                continue
+            if is_dir:
+                if entry.name in SKIP_DIRS or excluded(rel_path, exclude):
+                    continue
+                sub = Path(entry.path)
+                if out_real is not None and sub.resolve() == out_real:
+                    continue
+                walk(sub, rel_path)
+            elif is_file and is_document(entry.name) and not excluded(rel_path, exclude):
+                found.append(Found(entry.path, rel_path))
+
+    walk(root, "")
+    found.sort(key=lambda f: f.rel_path)
+    return found, problems

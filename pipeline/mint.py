@@ -1,0 +1,172 @@
+"""Stage mint: drafts → chunk records with ids, links, hashes and revisions (SPEC §2, §3)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from blake3 import blake3
+
+from .models import Chunk, Draft, Policy, SourceDoc
+from .parse import Lines
+from .tokens import estimate_tokens
+
+CHUNKER_VERSION = "md-heading-v1"
+SCHEMA_VERSION = "1.0.0"
+#: Longest chunk file name we write; most file systems allow 255 bytes.
+MAX_NAME_BYTES = 240
+
+_UID_UNSAFE = re.compile(r"[|%\s]")
+_MD_LEAD = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,9}[.)]\s+|\|)+")
+_MD_MARKS = re.compile(r"[*_`]+|!?\[([^\]]*)\]\([^)]*\)")
+_SENTENCE = re.compile(r"(?<=[.!?])\s|(?<=[。！？])")
+
+
+def sha1_8(text: str, width: int = 8) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:width]
+
+
+def text_rev(text: str) -> str:
+    """``rev``: sha1_8 of the whitespace-collapsed canonical text (001's revision lock)."""
+    return sha1_8(" ".join(text.split()))
+
+
+def policy_hash(policy: Policy) -> str:
+    """blake3 of the canonical JSON of the policy, 16 hex (003)."""
+    canonical = orjson.dumps(policy.as_dict(), option=orjson.OPT_SORT_KEYS)
+    return blake3(canonical).hexdigest()[:16]
+
+
+def doc_uid(doc: SourceDoc) -> str:
+    """Front matter ``doc_id``, else the doc name; ``|``, ``%`` and blanks percent-encoded."""
+    front = doc.front_matter or {}
+    raw = front.get("doc_id")
+    uid = str(raw).strip() if isinstance(raw, str | int) and str(raw).strip() else doc.doc_name
+    return _UID_UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m[0].encode("utf-8")), uid)
+
+
+def chunk_file(doc_name: str, n: int) -> str:
+    """``<reldir>/doc_<stem>__ch<N>.json``; a stem too long for the file system is cut and hashed."""
+    folder, _, stem = doc_name.rpartition("/")
+    name = f"doc_{stem}__ch{n}.json"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        short = stem.encode("utf-8")[:160].decode("utf-8", "ignore")
+        name = f"doc_{short}~{hashlib.sha1(stem.encode('utf-8')).hexdigest()[:12]}__ch{n}.json"
+    return f"{folder}/{name}" if folder else name
+
+
+def anchor(text: str) -> str:
+    """The first salient sentence: Markdown marks dropped, headings passed over, ≤ 200 chars."""
+    fallback = ""
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("```", "~~~")) or set(stripped) <= set("|-: =#*_>"):
+            continue
+        plain = " ".join(_MD_MARKS.sub(lambda m: m[1] or "", _MD_LEAD.sub("", stripped)).split())
+        if not plain:
+            continue
+        if stripped.startswith("#"):
+            fallback = fallback or plain
+            continue
+        return _SENTENCE.split(plain, maxsplit=1)[0][:200]
+    return (fallback or " ".join(text.split()))[:200]
+
+
+def mint(
+    doc: SourceDoc,
+    drafts: Sequence[Draft],
+    *,
+    title: str,
+    outline_hash: str,
+    policy: Policy,
+    uid: str,
+    processed_at: str,
+    processing_ms: float,
+    version: str,
+) -> list[Chunk]:
+    """Turn drafts into chunk records, linked in reading order."""
+    name = doc.doc_name
+    front = doc.front_matter or {}
+    source_url = next(
+        (str(front[k]) for k in ("source_url", "url") if isinstance(front.get(k), str) and front[k]),
+        doc.rel_path,
+    )
+    rev = text_rev(doc.text)
+    lang = front.get("lang") if isinstance(front.get("lang"), str) and front.get("lang") else policy.lang
+    options = policy.as_dict()
+    p_hash = policy_hash(policy)
+    analyzer = "verbatim+context-prefix" if policy.context_prefix else "verbatim"
+    total = len(drafts)
+    lines = Lines(doc.text)
+    chunks = []
+    for n, d in enumerate(drafts):
+        sect = d.section
+        start, end = d.start, d.end
+        original = doc.text[start:end]
+        metadata: dict[str, Any] = {
+            "sourceFile": doc.rel_path,
+            "processedAt": processed_at,
+            "chunkingOptions": options,
+            "chunkerVersion": CHUNKER_VERSION,
+            "policyHash": p_hash,
+            "analyzer": analyzer,
+            "lang": lang,
+            "pipeline": {"version": version, "processingTimeMs": processing_ms},
+        }
+        if doc.front_matter is not None:
+            metadata["frontMatter"] = doc.front_matter
+        record: dict[str, Any] = {
+            "id": f"doc:{name}::ch{n}",
+            "parentId": f"doc:{name}",
+            "prevId": f"doc:{name}::ch{n - 1}" if n else None,
+            "nextId": f"doc:{name}::ch{n + 1}" if n + 1 < total else None,
+            "chunkNumber": n,
+            "contentType": "doc",
+            "chunk_id": f"{uid}|r={outline_hash}|s={sect.path}|p=000|b={d.first_piece:03d}",
+            "section_id": sect.path,
+            "block_type": d.block_type,
+            "fileTitle": title,
+            "sectionTitle": sect.titles[-1] if sect.titles else "",
+            "headerPath": list(sect.titles),
+            "headerBreadcrumb": " > ".join(sect.titles),
+            "headerDepths": list(sect.depths),
+            "headerSlugs": list(sect.slugs),
+            "sectionSlug": sect.slugs[-1] if sect.slugs else "",
+            "originalText": original,
+            "embedText": d.embed_text,
+            "charOffsets": {"charStart": start, "charEnd": end, "totalChars": end - start},
+            "lineSpan": {
+                "lineStart": lines.line_of(start),
+                "lineEnd": lines.line_of(end - 1),
+            },
+            "tokenStats": {
+                "tokens": d.tokens,
+                "estimatedTokens": estimate_tokens(d.embed_text),
+                "tokenizer": policy.tokenizer,
+            },
+            "hash": "blake3:" + blake3(original.encode("utf-8")).hexdigest(),
+            "anchor": anchor(original),
+            "source_url": source_url,
+            "rev": rev,
+            "blocks": _provenance(d),
+            "metadata": metadata,
+            "schema_version": SCHEMA_VERSION,
+        }
+        chunks.append(Chunk(chunk_file(name, n), record))
+    return chunks
+
+
+def _provenance(d: Draft) -> list[dict[str, Any]]:
+    """Every contributing block, its pieces in this chunk merged into one span."""
+    out: list[dict[str, Any]] = []
+    for p in d.pieces:
+        block_id = f"{d.section.path}/{p.block_index:03d}"
+        if out and out[-1]["block_id"] == block_id:
+            out[-1]["charEnd"] = max(out[-1]["charEnd"], p.end)
+            continue
+        kind = d.section.blocks[p.block_index].kind
+        out.append({"block_id": block_id, "type": kind, "charStart": p.start, "charEnd": p.end})
+    return out

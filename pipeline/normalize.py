@@ -1,0 +1,131 @@
+"""Stages read and normalize: bytes → canonical text + front matter (SPEC §1)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import StageError
+from .models import SourceDoc
+
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+
+
+def read_source(path: Path, rel_path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Read a source file, refusing what is too large to be a document."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > max_bytes:
+                raise StageError(
+                    "read", rel_path, f"file is {size:,} bytes, over the {max_bytes:,}-byte limit",
+                    "split the file, or raise the limit with --max-bytes",
+                )
+            return fh.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise StageError("read", rel_path, "file vanished during the run", "run again") from None
+    except IsADirectoryError:
+        raise StageError("read", rel_path, "is a directory", "rename it or --exclude it") from None
+    except PermissionError:
+        raise StageError("read", rel_path, "permission denied", "make the file readable") from None
+    except OSError as exc:
+        raise StageError("read", rel_path, f"cannot read: {exc.strerror}", "check the file") from None
+
+
+def decode(raw: bytes, rel_path: str) -> str:
+    """Strict UTF-8 → canonical text: BOM dropped, CRLF and CR → LF; nothing else changes."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise StageError(
+            "normalize", f"{rel_path}:byte 0", "UTF-16 byte order mark",
+            "re-save the file as UTF-8",
+        )
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        raise StageError(
+            "normalize", f"{rel_path}:byte {nul}", "NUL byte: this looks like a binary file",
+            "remove the file from the corpus or --exclude it",
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise StageError(
+            "normalize", f"{rel_path}:byte {exc.start} (line {line})",
+            f"not valid UTF-8 ({exc.reason})", "re-save the file as UTF-8",
+        ) from None
+    text = text.removeprefix("\ufeff")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def front_matter_end(text: str) -> tuple[int, str]:
+    """Where a ``---`` YAML or ``+++`` TOML block at the very top ends, and its kind.
+
+    Returns ``(0, "")`` when there is none, or when it is never closed.
+    """
+    for fence, closers, kind in (("---", ("---", "..."), "yaml"), ("+++", ("+++",), "toml")):
+        if not text.startswith(fence + "\n"):
+            continue
+        pos = len(fence) + 1
+        while pos < len(text):
+            nl = text.find("\n", pos)
+            line = text[pos:] if nl < 0 else text[pos:nl]
+            if line.rstrip() in closers:
+                return (len(text) if nl < 0 else nl + 1), kind
+            if nl < 0:
+                break
+            pos = nl + 1
+    return 0, ""
+
+
+def parse_front_matter(block: str, kind: str) -> dict[str, Any]:
+    """Parse the inside of a front matter block; raise ValueError if it is not valid."""
+    if kind == "toml":
+        return tomllib.loads(block)
+    data = yaml.safe_load(block)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"front matter is a {type(data).__name__}, not a mapping")
+    return data
+
+
+def normalize(raw: bytes, rel_path: str) -> SourceDoc:
+    """Bytes → ``SourceDoc``; front matter split off and parsed, kept out of chunks."""
+    text = decode(raw, rel_path)
+    posix = rel_path.replace(os.sep, "/")
+    doc_name = posix.rsplit(".", 1)[0] if "." in posix.rsplit("/", 1)[-1] else posix
+    end, kind = front_matter_end(text)
+    front: dict[str, Any] | None = None
+    warnings: list[str] = []
+    if end:
+        first_nl = text.index("\n")
+        inner = text[first_nl + 1 : end]
+        inner = inner[: inner.rstrip("\n").rfind("\n") + 1]  # drop the closing fence line
+        try:
+            front = _jsonable(parse_front_matter(inner, kind))
+        except (ValueError, yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            warnings.append(
+                f"{posix}:line 1: front matter is not valid {kind.upper()} ({problem}); "
+                "chunked without it (hint: fix the front matter syntax)"
+            )
+    return SourceDoc(posix, doc_name, text, end, front, tuple(warnings))
+
+
+def _jsonable(value: Any) -> Any:
+    """Front matter as plain JSON values (YAML dates and TOML datetimes become strings)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        if isinstance(value, float) and value != value:  # NaN is not JSON
+            return None
+        return value
+    return str(value)

@@ -1,0 +1,229 @@
+"""Stage parse: canonical text → blocks with exact char and line spans (SPEC §1).
+
+mistletoe gives each block token its start line only; the end of a block is
+where the next sibling starts, less trailing blank lines (a paragraph or a
+heading ends sooner, on its own terms). Text that mistletoe keeps out of the
+tree (link reference and footnote definitions) becomes a ``linkdef`` block, so
+every non-blank character of the body belongs to exactly one top-level block.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import Any
+
+from mistletoe import block_token, span_token
+from mistletoe.block_token import Document
+
+from .errors import StageError
+from .models import Block, BlockKind, SourceDoc
+
+block_token.add_token(block_token.HtmlBlock)  # HTML blocks are atomic (SPEC §4 rule 2)
+
+#: Beyond this depth a container is kept as one leaf instead of being descended into.
+MAX_DEPTH = 48
+
+_SETEXT_UNDERLINE = re.compile(r" {0,3}(=+|-+)[ \t]*$")
+_IMAGE_ONLY = re.compile(
+    r"""(\[)?!\[(?:[^\]\\]|\\.)*\]                # ![alt]
+        (?:\((?:[^()\\]|\\.)*\)|\[[^\]]*\])?        # (url "title") or [ref]
+        (?(1)\((?:[^()\\]|\\.)*\)|)\s*$             # [![..](..)](link)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+#: HTML blocks of CommonMark kinds 1-5 may hold blank lines; the others end at one.
+_HTML_KEEPS_BLANKS = re.compile(r" {0,3}<(?:script|pre|style|textarea|!--|\?|![A-Za-z]|!\[CDATA\[)", re.I)
+_KIND_BY_TOKEN: dict[str, BlockKind] = {
+    "Heading": "heading",
+    "SetextHeading": "heading",
+    "Paragraph": "paragraph",
+    "CodeFence": "code",
+    "BlockCode": "code",
+    "Table": "table",
+    "HtmlBlock": "html",
+    "Quote": "quote",
+    "List": "list",
+    "ListItem": "item",
+    "ThematicBreak": "thematic",
+}
+
+
+class Lines:
+    """Line ↔ char offset arithmetic over one canonical text (lines are 1-based)."""
+
+    __slots__ = ("count", "starts", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        starts = [0]
+        find = text.find
+        i = find("\n")
+        while i >= 0:
+            starts.append(i + 1)
+            i = find("\n", i + 1)
+        self.starts = starts
+        self.count = len(starts)
+
+    def start(self, line: int) -> int:
+        """Char offset where ``line`` begins."""
+        return self.starts[line - 1]
+
+    def end(self, line: int) -> int:
+        """Char offset just past the last character of ``line`` (before its newline)."""
+        return self.starts[line] - 1 if line < self.count else len(self.text)
+
+    def line_of(self, offset: int) -> int:
+        """The line holding char ``offset``."""
+        return bisect_right(self.starts, offset)
+
+    def is_blank(self, line: int) -> bool:
+        return not self.text[self.start(line) : self.end(line)].strip()
+
+
+def parse(doc: SourceDoc) -> tuple[Block, ...]:
+    """Top-level blocks of the body (front matter excluded), in document order."""
+    lines = Lines(doc.text)
+    body = doc.text[doc.body_start :]
+    if not body.strip():
+        return ()
+    first_line = lines.line_of(doc.body_start) if doc.body_start < len(doc.text) else lines.count
+    try:
+        tree = _mistletoe(body)
+    except RecursionError:
+        raise StageError(
+            "parse", doc.rel_path, "nesting too deep for the Markdown parser",
+            "flatten the deeply nested quotes or lists",
+        ) from None
+    offset = first_line - 1
+    return _siblings(tree.children or (), first_line, lines.count, offset, lines, 0)
+
+
+def _mistletoe(body: str) -> Document:
+    """Block-level parse only: inline tokens are not needed to find blocks."""
+    parts = body.split("\n")
+    src = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        src.append(parts[-1])
+    saved = list(span_token._token_types)
+    span_token._token_types[:] = [span_token.RawText]  # the fallback token only
+    try:
+        return Document(src)
+    finally:
+        span_token._token_types[:] = saved
+
+
+def _siblings(
+    tokens: Sequence[Any], first: int, last: int, offset: int, lines: Lines, depth: int
+) -> tuple[Block, ...]:
+    """Blocks for sibling tokens that share the region of lines ``[first, last]``."""
+    starts = [t.line_number + offset for t in tokens]
+    out: list[Block] = []
+    cursor = first
+    for i, tok in enumerate(tokens):
+        begin = max(starts[i], cursor)
+        limit = (starts[i + 1] - 1) if i + 1 < len(tokens) else last
+        if begin > cursor:
+            out.extend(_gap(cursor, begin - 1, lines))
+        end = _own_end(tok, begin, limit, lines)
+        block = _block(tok, begin, end, limit, offset, lines, depth)
+        if block is not None:
+            out.append(block)
+        cursor = max(end, begin) + 1
+        if cursor <= limit:
+            out.extend(_gap(cursor, limit, lines))
+        cursor = max(cursor, limit + 1)
+    if cursor <= last:
+        out.extend(_gap(cursor, last, lines))
+    return tuple(out)
+
+
+def _own_end(tok: Any, begin: int, limit: int, lines: Lines) -> int:
+    """Last line of a block that starts on ``begin`` and may run up to ``limit``."""
+    name = type(tok).__name__
+    if name == "Heading":
+        return begin
+    if name == "SetextHeading":
+        for ln in range(begin + 1, limit + 1):
+            if _SETEXT_UNDERLINE.match(lines.text, lines.start(ln), lines.end(ln)):
+                return ln
+        return limit
+    if name in ("Paragraph", "Table") or (name == "HtmlBlock" and not _HTML_KEEPS_BLANKS.match(
+        lines.text, lines.start(begin), lines.end(begin)
+    )):
+        for ln in range(begin + 1, limit + 1):
+            if lines.is_blank(ln):
+                return ln - 1
+        return limit
+    while limit > begin and lines.is_blank(limit):
+        limit -= 1
+    return limit
+
+
+def _gap(first: int, last: int, lines: Lines) -> list[Block]:
+    """Non-blank lines the parser kept out of its tree: one ``linkdef`` block."""
+    while first <= last and lines.is_blank(first):
+        first += 1
+    while last >= first and lines.is_blank(last):
+        last -= 1
+    if first > last:
+        return []
+    return [_make("linkdef", first, last, lines)]
+
+
+def _make(kind: BlockKind, first: int, last: int, lines: Lines, **extra: Any) -> Block:
+    start = lines.start(first)
+    end = lines.end(last)
+    text = lines.text
+    while end > start and text[end - 1] in " \t":
+        end -= 1
+    # a block starts at its first non-blank line's start, so leading indent is kept
+    return Block(kind, start, end, first, last, **extra)
+
+
+def _block(
+    tok: Any, first: int, last: int, limit: int, offset: int, lines: Lines, depth: int
+) -> Block | None:
+    name = type(tok).__name__
+    kind = _KIND_BY_TOKEN.get(name)
+    if kind is None:
+        return None
+    while last > first and lines.is_blank(last):
+        last -= 1
+    if kind == "heading":
+        return _make(kind, first, last, lines, level=tok.level, title=heading_title(tok))
+    if kind == "paragraph":
+        raw = lines.text[lines.start(first) : lines.end(last)].strip()
+        if raw.startswith("$$") and raw.endswith("$$") and len(raw) > 4:
+            kind = "formula"
+        elif raw.startswith(("!", "[![")) and _IMAGE_ONLY.match(raw):
+            kind = "image"
+        return _make(kind, first, last, lines)
+    if kind in ("list", "item", "quote") and depth < MAX_DEPTH and tok.children:
+        kids = _siblings(tok.children, first, last, offset, lines, depth + 1)
+        return _make(kind, first, last, lines, children=kids)
+    return _make(kind, first, last, lines)
+
+
+def heading_title(tok: Any) -> str:
+    """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
+    raw = "".join(getattr(c, "content", "") for c in (tok.children or ()))
+    if any(ch in raw for ch in "*_`[<\\!~&"):
+        return " ".join(_plain(span_token.tokenize_inner(raw)).split())
+    return " ".join(raw.split())
+
+
+def _plain(tokens: Sequence[Any]) -> str:
+    out: list[str] = []
+    for tok in tokens:
+        name = type(tok).__name__
+        if name == "HtmlSpan":
+            continue
+        if name == "LineBreak":
+            out.append(" ")
+        elif getattr(tok, "children", None):
+            out.append(_plain(tok.children))
+        else:
+            out.append(getattr(tok, "content", ""))
+    return "".join(out)
