@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import orjson
 import typer
@@ -31,20 +31,35 @@ app = typer.Typer(
 err = Console(stderr=True)
 out_console = Console()
 
-CorpusArg = Annotated[Optional[Path], typer.Argument(help="Folder of Markdown to chunk.", show_default="corpus/")]  # noqa: UP007
-CorpusOpt = Annotated[Optional[Path], typer.Option("--corpus", help="The corpus folder (instead of the argument).")]  # noqa: UP007
+CorpusArg = Annotated[
+    Path | None, typer.Argument(help="Folder of Markdown to chunk.", show_default="corpus/")
+]
+CorpusOpt = Annotated[
+    Path | None, typer.Option("--corpus", help="The corpus folder (instead of the argument).")
+]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder.")]
-TargetOpt = Annotated[int, typer.Option("--target-tokens", min=16, help="Token budget per chunk (embedText).")]
-OverlapOpt = Annotated[int, typer.Option("--overlap-tokens", min=0, help="Overlap between pieces of a split paragraph.")]
+TargetOpt = Annotated[
+    int, typer.Option("--target-tokens", min=16, help="Token budget per chunk (embedText).")
+]
+OverlapOpt = Annotated[
+    int, typer.Option("--overlap-tokens", min=0, help="Overlap between pieces of a split paragraph.")
+]
 TokenizerOpt = Annotated[str, typer.Option("--tokenizer", help=f"Tokenizer: {', '.join(TOKENIZERS)}.")]
-PrefixOpt = Annotated[bool, typer.Option("--context-prefix/--no-context-prefix", help="Prefix embedText with 'title > breadcrumb'.")]
+PrefixOpt = Annotated[
+    bool,
+    typer.Option("--context-prefix/--no-context-prefix", help="Prefix embedText with 'title > breadcrumb'."),
+]
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", min=0, help="Worker processes (0 = one per core).")]
 FullOpt = Annotated[bool, typer.Option("--full", help="Re-chunk every document, not only changed ones.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no table; errors only.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")]
-ExcludeOpt = Annotated[Optional[list[str]], typer.Option("--exclude", help="Glob of paths to skip (repeatable).")]  # noqa: UP007
+ExcludeOpt = Annotated[
+    list[str] | None, typer.Option("--exclude", help="Glob of paths to skip (repeatable).")
+]
 MaxBytesOpt = Annotated[int, typer.Option("--max-bytes", min=1, help="Refuse files larger than this.")]
-WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for another run holding the output lock.")]
+WaitOpt = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="Wait for another run holding the output lock.")
+]
 LangOpt = Annotated[str, typer.Option("--lang", help="Language when front matter names none.")]
 
 
@@ -56,8 +71,12 @@ def version_callback(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
-                                          help="Show the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=version_callback, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """chunkyard: Markdown → one validated JSON file per chunk."""
 
@@ -70,8 +89,10 @@ def resolve_corpus(arg: Path | None, opt: Path | None) -> Path:
 
 def make_policy(target: int, overlap: int, tokenizer: str, prefix: bool, lang: str) -> Policy:
     if tokenizer not in TOKENIZERS:
-        raise typer.BadParameter(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}",
-                                 param_hint="--tokenizer")
+        raise typer.BadParameter(
+            f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}",
+            param_hint="--tokenizer",
+        )
     if overlap >= target:
         raise typer.BadParameter("must be smaller than --target-tokens", param_hint="--overlap-tokens")
     return Policy(target, overlap, tokenizer, prefix, lang)
@@ -107,9 +128,16 @@ def ingest_cmd(
         wait=wait,
     )
     show = not quiet and not json_out and err.is_terminal
-    progress = Progress(TextColumn("[bold]chunking"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[doc]}"), TimeRemainingColumn(),
-                        console=err, transient=True, disable=not show)
+    progress = Progress(
+        TextColumn("[bold]chunking"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[doc]}"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    )
     task = progress.add_task("chunking", total=None, doc="")
 
     def waiting(holder: str) -> None:
@@ -144,14 +172,32 @@ def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
     if quiet:
         return
     table = Table(title="chunkyard ingest", show_header=True, header_style="bold")
-    for col in ("documents", "chunked", "skipped", "failed", "chunks", "tokens",
-                "written", "unchanged", "removed", "seconds", "MB/s"):
+    for col in (
+        "documents",
+        "chunked",
+        "skipped",
+        "failed",
+        "chunks",
+        "tokens",
+        "written",
+        "unchanged",
+        "removed",
+        "seconds",
+        "MB/s",
+    ):
         table.add_column(col, justify="right")
     table.add_row(
-        f"{summary.documents:,}", f"{summary.processed - len(summary.failures) if summary.processed else 0:,}",
-        f"{summary.skipped:,}", f"{len(summary.failures):,}", f"{summary.chunks:,}",
-        f"{summary.tokens:,}", f"{summary.added + summary.changed:,}", f"{summary.unchanged:,}",
-        f"{summary.removed:,}", f"{summary.seconds:.2f}", f"{summary.mb_per_s:.2f}",
+        f"{summary.documents:,}",
+        f"{summary.processed - len(summary.failures) if summary.processed else 0:,}",
+        f"{summary.skipped:,}",
+        f"{len(summary.failures):,}",
+        f"{summary.chunks:,}",
+        f"{summary.tokens:,}",
+        f"{summary.added + summary.changed:,}",
+        f"{summary.unchanged:,}",
+        f"{summary.removed:,}",
+        f"{summary.seconds:.2f}",
+        f"{summary.mb_per_s:.2f}",
     )
     out_console.print(table)
 

@@ -82,3 +82,20 @@ def discover(
     walk(root, "")
     found.sort(key=lambda f: f.rel_path)
     return found, problems
+
+
+def find_one(
+    root: Path, rel_path: str, out: Path | None = None, exclude: tuple[str, ...] = ()
+) -> Found | None:
+    """The document at ``rel_path`` under ``root``, or None if it is not (or no longer) one."""
+    parts = rel_path.split("/")
+    if not is_document(parts[-1]) or excluded(rel_path, exclude) or SKIP_DIRS.intersection(parts[:-1]):
+        return None
+    path = root / rel_path
+    if out is not None:
+        try:
+            if path.resolve().is_relative_to(out.resolve()):
+                return None
+        except OSError:
+            return None
+    return Found(str(path), rel_path) if path.is_file() else None

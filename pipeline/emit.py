@@ -32,7 +32,9 @@ def check_record(record: dict[str, Any], where: str) -> None:
     error = jsonschema.exceptions.best_match(validator().iter_errors(record))
     if error is not None:
         field = "/".join(map(str, error.absolute_path)) or "(record)"
-        raise SchemaError(f"{where}: field {field}: {error.message} (hint: this is a chunkyard bug; please report it)")
+        raise SchemaError(
+            f"{where}: field {field}: {error.message} (hint: this is a chunkyard bug; please report it)"
+        )
 
 
 def dumps(record: dict[str, Any]) -> bytes:

@@ -6,11 +6,30 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 BlockKind = Literal[
-    "heading", "paragraph", "list", "item", "code", "table", "quote", "html",
-    "formula", "image", "thematic", "linkdef",
+    "heading",
+    "paragraph",
+    "list",
+    "item",
+    "code",
+    "table",
+    "quote",
+    "html",
+    "formula",
+    "image",
+    "thematic",
+    "linkdef",
 ]
 ChunkType = Literal[
-    "paragraph", "list", "code", "table", "quote", "html", "formula", "image", "heading", "mixed",
+    "paragraph",
+    "list",
+    "code",
+    "table",
+    "quote",
+    "html",
+    "formula",
+    "image",
+    "heading",
+    "mixed",
 ]
 
 #: Block kinds that are never split (SPEC §4 rules 2, 3, 5).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -22,7 +23,9 @@ def read_source(path: Path, rel_path: str, max_bytes: int = DEFAULT_MAX_BYTES) -
             size = os.fstat(fh.fileno()).st_size
             if size > max_bytes:
                 raise StageError(
-                    "read", rel_path, f"file is {size:,} bytes, over the {max_bytes:,}-byte limit",
+                    "read",
+                    rel_path,
+                    f"file is {size:,} bytes, over the {max_bytes:,}-byte limit",
                     "split the file, or raise the limit with --max-bytes",
                 )
             return fh.read(max_bytes + 1)
@@ -40,13 +43,17 @@ def decode(raw: bytes, rel_path: str) -> str:
     """Strict UTF-8 → canonical text: BOM dropped, CRLF and CR → LF; nothing else changes."""
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise StageError(
-            "normalize", f"{rel_path}:byte 0", "UTF-16 byte order mark",
+            "normalize",
+            f"{rel_path}:byte 0",
+            "UTF-16 byte order mark",
             "re-save the file as UTF-8",
         )
     nul = raw.find(b"\x00")
     if nul >= 0:
         raise StageError(
-            "normalize", f"{rel_path}:byte {nul}", "NUL byte: this looks like a binary file",
+            "normalize",
+            f"{rel_path}:byte {nul}",
+            "NUL byte: this looks like a binary file",
             "remove the file from the corpus or --exclude it",
         )
     try:
@@ -54,8 +61,10 @@ def decode(raw: bytes, rel_path: str) -> str:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise StageError(
-            "normalize", f"{rel_path}:byte {exc.start} (line {line})",
-            f"not valid UTF-8 ({exc.reason})", "re-save the file as UTF-8",
+            "normalize",
+            f"{rel_path}:byte {exc.start} (line {line})",
+            f"not valid UTF-8 ({exc.reason})",
+            "re-save the file as UTF-8",
         ) from None
     text = text.removeprefix("\ufeff")
     if "\r" in text:
@@ -91,7 +100,7 @@ def parse_front_matter(block: str, kind: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"front matter is a {type(data).__name__}, not a mapping")
+        raise TypeError(f"front matter is a {type(data).__name__}, not a mapping")
     return data
 
 
@@ -109,7 +118,7 @@ def normalize(raw: bytes, rel_path: str) -> SourceDoc:
         inner = inner[: inner.rstrip("\n").rfind("\n") + 1]  # drop the closing fence line
         try:
             front = _jsonable(parse_front_matter(inner, kind))
-        except (ValueError, yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        except (ValueError, TypeError, yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             warnings.append(
                 f"{posix}:line 1: front matter is not valid {kind.upper()} ({problem}); "
@@ -125,7 +134,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple | set):
         return [_jsonable(v) for v in value]
     if value is None or isinstance(value, bool | int | float | str):
-        if isinstance(value, float) and value != value:  # NaN is not JSON
+        if isinstance(value, float) and math.isnan(value):  # NaN is not JSON
             return None
         return value
     return str(value)

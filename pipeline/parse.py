@@ -20,7 +20,7 @@ from mistletoe.block_token import Document
 from .errors import StageError
 from .models import Block, BlockKind, SourceDoc
 
-block_token.add_token(block_token.HtmlBlock)  # HTML blocks are atomic (SPEC §4 rule 2)
+block_token.add_token(block_token.HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (SPEC §4 rule 2)
 
 #: Beyond this depth a container is kept as one leaf instead of being descended into.
 MAX_DEPTH = 48
@@ -34,7 +34,9 @@ _IMAGE_ONLY = re.compile(
     re.VERBOSE | re.DOTALL,
 )
 #: HTML blocks of CommonMark kinds 1-5 may hold blank lines; the others end at one.
-_HTML_KEEPS_BLANKS = re.compile(r" {0,3}<(?:script|pre|style|textarea|!--|\?|![A-Za-z]|!\[CDATA\[)", re.I)
+_HTML_KEEPS_BLANKS = re.compile(
+    r" {0,3}<(?:script|pre|style|textarea|!--|\?|![A-Za-z]|!\[CDATA\[)", re.IGNORECASE
+)
 _KIND_BY_TOKEN: dict[str, BlockKind] = {
     "Heading": "heading",
     "SetextHeading": "heading",
@@ -93,11 +95,13 @@ def parse(doc: SourceDoc) -> tuple[Block, ...]:
         tree = _mistletoe(body)
     except RecursionError:
         raise StageError(
-            "parse", doc.rel_path, "nesting too deep for the Markdown parser",
+            "parse",
+            doc.rel_path,
+            "nesting too deep for the Markdown parser",
             "flatten the deeply nested quotes or lists",
         ) from None
     offset = first_line - 1
-    return _siblings(tree.children or (), first_line, lines.count, offset, lines, 0)
+    return _siblings(list(tree.children or ()), first_line, lines.count, offset, lines, 0)
 
 
 def _mistletoe(body: str) -> Document:
@@ -149,9 +153,9 @@ def _own_end(tok: Any, begin: int, limit: int, lines: Lines) -> int:
             if _SETEXT_UNDERLINE.match(lines.text, lines.start(ln), lines.end(ln)):
                 return ln
         return limit
-    if name in ("Paragraph", "Table") or (name == "HtmlBlock" and not _HTML_KEEPS_BLANKS.match(
-        lines.text, lines.start(begin), lines.end(begin)
-    )):
+    if name in ("Paragraph", "Table") or (
+        name == "HtmlBlock" and not _HTML_KEEPS_BLANKS.match(lines.text, lines.start(begin), lines.end(begin))
+    ):
         for ln in range(begin + 1, limit + 1):
             if lines.is_blank(ln):
                 return ln - 1
@@ -210,7 +214,7 @@ def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
     raw = "".join(getattr(c, "content", "") for c in (tok.children or ()))
     if any(ch in raw for ch in "*_`[<\\!~&"):
-        return " ".join(_plain(span_token.tokenize_inner(raw)).split())
+        return " ".join(_plain(span_token.tokenize_inner(raw))  # type: ignore[no-untyped-call].split())
     return " ".join(raw.split())
 
 

@@ -20,7 +20,7 @@ import xxhash
 from . import __version__
 from .emit import check_record, dumps, unchanged, write_atomic
 from .errors import PipelineError, SchemaError, StageError
-from .mint import mint, doc_uid, sha1_8
+from .mint import doc_uid, mint, sha1_8
 from .models import Chunk, Policy, SourceDoc
 from .normalize import DEFAULT_MAX_BYTES, normalize, read_source
 from .parse import parse
@@ -135,8 +135,12 @@ def process_document(job: Job) -> DocResult:
         result.source_hash = xxhash.xxh3_64_hexdigest(raw)
         timer.lap("read")
         doc, chunks = chunk_document(
-            raw, job.rel_path, job.policy, processed_at=job.processed_at,
-            rev_width=job.rev_width, timer=timer,
+            raw,
+            job.rel_path,
+            job.policy,
+            processed_at=job.processed_at,
+            rev_width=job.rev_width,
+            timer=timer,
         )
         result.warnings.extend(doc.warnings)
         for chunk in chunks:  # check them all before writing any: a document is all or nothing

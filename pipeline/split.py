@@ -12,14 +12,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 
-from .models import ATOMIC_KINDS, Block, ChunkType, Draft, Piece, Policy, Section
+from .models import ATOMIC_KINDS, Block, BlockKind, ChunkType, Draft, Piece, Policy, Section
 from .tokens import Counter
 
 #: How piece kinds show in ``block_type``.
 _OUTPUT_KIND: dict[str, ChunkType] = {
-    "thematic": "paragraph", "linkdef": "paragraph", "item": "list", "paragraph": "paragraph",
-    "list": "list", "quote": "quote", "code": "code", "table": "table", "html": "html",
-    "formula": "formula", "image": "image", "heading": "heading",
+    "thematic": "paragraph",
+    "linkdef": "paragraph",
+    "item": "list",
+    "paragraph": "paragraph",
+    "list": "list",
+    "quote": "quote",
+    "code": "code",
+    "table": "table",
+    "html": "html",
+    "formula": "formula",
+    "image": "image",
+    "heading": "heading",
 }
 #: Split points, coarse to fine: sentence ends or line ends, then spaces, then anywhere.
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])[\"')\]]*\s+|(?<=[。！？；])\s*|\n\s*")
@@ -74,11 +83,11 @@ class Splitter:
     # -- blocks → pieces ---------------------------------------------------------------
 
     def pieces_of(
-        self, block: Block, bi: int, top: str, budget: int, first_budget: int
+        self, block: Block, bi: int, top: BlockKind, budget: int, first_budget: int
     ) -> Iterator[Piece]:
         text = self.text[block.start : block.end]
         tokens = self.count(text)
-        kind = block.kind if block.kind in ATOMIC_KINDS or block.kind == "table" else top
+        kind: BlockKind = block.kind if block.kind in ATOMIC_KINDS or block.kind == "table" else top
         if block.kind == "image":
             yield Piece(block.start, block.end, "image", bi, tokens, atomic=True, solo=True)
         elif block.kind in ATOMIC_KINDS:
@@ -113,15 +122,29 @@ class Splitter:
         for s, e in rows[2:]:
             t = self.count(self.text[s:e]) + 1
             if used and used + t > room:
-                yield Piece(start, end, "table", bi, self.count(self.text[start:end]), atomic=True,
-                            table_header=header if start != block.start else "")
+                yield Piece(
+                    start,
+                    end,
+                    "table",
+                    bi,
+                    self.count(self.text[start:end]),
+                    atomic=True,
+                    table_header=header if start != block.start else "",
+                )
                 start, used = s, 0
             end, used = e, used + t
-        yield Piece(start, end, "table", bi, self.count(self.text[start:end]), atomic=True,
-                    table_header=header if start != block.start else "")
+        yield Piece(
+            start,
+            end,
+            "table",
+            bi,
+            self.count(self.text[start:end]),
+            atomic=True,
+            table_header=header if start != block.start else "",
+        )
 
     def text_pieces(
-        self, start: int, end: int, kind: str, bi: int, budget: int, first_budget: int
+        self, start: int, end: int, kind: BlockKind, bi: int, budget: int, first_budget: int
     ) -> Iterator[Piece]:
         """Split text at sentence ends, then spaces, then anywhere; overlap between pieces."""
         units = self.units(start, end, min(budget, first_budget), 0)

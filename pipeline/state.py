@@ -90,9 +90,11 @@ def output_lock(out: Path, wait: bool = True, on_wait: Any = None) -> Iterator[N
     folder = state_dir(out)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / LOCK, "a+")
+        fh = open(folder / LOCK, "a+")  # noqa: SIM115 - held for the whole session
     except OSError as exc:
-        raise UsageError(f"{out}: cannot create the output folder ({exc.strerror}); choose a writable --out") from None
+        raise UsageError(
+            f"{out}: cannot create the output folder ({exc.strerror}); choose a writable --out"
+        ) from None
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

