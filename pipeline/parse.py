@@ -214,7 +214,8 @@ def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
     raw = "".join(getattr(c, "content", "") for c in (tok.children or ()))
     if any(ch in raw for ch in "*_`[<\\!~&"):
-        return " ".join(_plain(span_token.tokenize_inner(raw))  # type: ignore[no-untyped-call].split())
+        inline = span_token.tokenize_inner(raw)  # type: ignore[no-untyped-call]
+        return " ".join(_plain(inline).split())
     return " ".join(raw.split())
 
 
