@@ -14,6 +14,7 @@ from .errors import StageError
 from .models import SourceDoc
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_source(path: Path, rel_path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -96,7 +97,7 @@ def parse_front_matter(block: str, kind: str) -> dict[str, Any]:
     """Parse the inside of a front matter block; raise ValueError if it is not valid."""
     if kind == "toml":
         return tomllib.loads(block)
-    data = yaml.safe_load(block)
+    data = yaml.load(block, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader, C when available
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -64,5 +64,5 @@ class Counter:
 
 def estimate_tokens(text: str) -> int:
     """A character heuristic that errs high: a token per 3 ASCII chars, 2 per other char."""
-    ascii_chars = sum(1 for c in text if c < "\x80") if not text.isascii() else len(text)
+    ascii_chars = len(text) if text.isascii() else len(text.encode("ascii", "ignore"))
     return math.ceil(ascii_chars / 3) + 2 * (len(text) - ascii_chars)
