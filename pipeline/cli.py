@@ -171,34 +171,23 @@ def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
         err.print(f"[red]failed:[/] {failure}", highlight=False, soft_wrap=True)
     if quiet:
         return
-    table = Table(title="chunkyard ingest", show_header=True, header_style="bold")
-    for col in (
-        "documents",
-        "chunked",
-        "skipped",
-        "failed",
-        "chunks",
-        "tokens",
-        "written",
-        "unchanged",
-        "removed",
-        "seconds",
-        "MB/s",
-    ):
-        table.add_column(col, justify="right")
-    table.add_row(
-        f"{summary.documents:,}",
-        f"{summary.processed - len(summary.failures) if summary.processed else 0:,}",
-        f"{summary.skipped:,}",
-        f"{len(summary.failures):,}",
-        f"{summary.chunks:,}",
-        f"{summary.tokens:,}",
-        f"{summary.added + summary.changed:,}",
-        f"{summary.unchanged:,}",
-        f"{summary.removed:,}",
-        f"{summary.seconds:.2f}",
-        f"{summary.mb_per_s:.2f}",
+    table = Table(title="chunkyard ingest", show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    chunked = summary.processed - len(summary.failures) if summary.processed else 0
+    rows = (
+        ("documents", f"{summary.documents:,}"),
+        ("  chunked / skipped (unchanged) / failed",
+         f"{max(chunked, 0):,} / {summary.skipped:,} / {len(summary.failures):,}"),
+        ("chunks", f"{summary.chunks:,}"),
+        ("tokens", f"{summary.tokens:,}"),
+        ("files written / unchanged / removed",
+         f"{summary.added + summary.changed:,} / {summary.unchanged:,} / {summary.removed:,}"),
+        ("seconds", f"{summary.seconds:.2f}"),
+        ("MB/s", f"{summary.mb_per_s:.2f}"),
     )
+    for name, value in rows:
+        table.add_row(name, value)
     out_console.print(table)
 
 
