@@ -156,7 +156,7 @@ def ingest_cmd(
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     report(summary, quiet=quiet, json_out=json_out)
-    raise typer.Exit(1 if summary.failures else 0)
+    raise typer.Exit(summary.exit_code)
 
 
 def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
@@ -182,13 +182,64 @@ def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
         ("chunks", f"{summary.chunks:,}"),
         ("tokens", f"{summary.tokens:,}"),
         ("files written / unchanged / removed",
-         f"{summary.added + summary.changed:,} / {summary.unchanged:,} / {summary.removed:,}"),
+         f"{summary.written:,} / {summary.unchanged:,} / {summary.removed:,}"),
+        ("redirects", f"{summary.redirects:,}"),
         ("seconds", f"{summary.seconds:.2f}"),
         ("MB/s", f"{summary.mb_per_s:.2f}"),
     )
     for name, value in rows:
         table.add_row(name, value)
     out_console.print(table)
+
+
+@app.command("watch")
+def watch_cmd(
+    corpus: CorpusArg = None,
+    corpus_opt: CorpusOpt = None,
+    out: OutOpt = Path("chunks"),
+    target_tokens: TargetOpt = 512,
+    overlap_tokens: OverlapOpt = 64,
+    tokenizer: TokenizerOpt = "cl100k_base",
+    context_prefix: PrefixOpt = True,
+    lang: LangOpt = "en",
+    jobs: JobsOpt = 0,
+    full: FullOpt = False,
+    exclude: ExcludeOpt = None,
+    max_bytes: MaxBytesOpt = DEFAULT_MAX_BYTES,
+    wait: WaitOpt = True,
+    debounce_ms: Annotated[
+        int, typer.Option("--debounce-ms", min=0, help="Quiet time after a save before re-chunking.")
+    ] = 50,
+    polling: Annotated[
+        bool, typer.Option("--polling", help="Poll the corpus instead of inotify (network file systems).")
+    ] = False,
+    quiet: QuietOpt = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON line per event on stdout.")] = False,
+) -> None:
+    """Sync once like ingest, then re-chunk each document as it is saved (Ctrl-C stops)."""
+    from .watchui import serve  # watchdog is only imported by this command
+
+    opts = Options(
+        corpus=resolve_corpus(corpus, corpus_opt),
+        out=out,
+        policy=make_policy(target_tokens, overlap_tokens, tokenizer, context_prefix, lang),
+        jobs=jobs or os.cpu_count() or 1,
+        full=full,
+        exclude=tuple(exclude or ()),
+        max_bytes=max_bytes,
+        wait=wait,
+    )
+    try:
+        code = serve(
+            opts, out=out_console, err=err, debounce=debounce_ms / 1000, polling=polling,
+            quiet=quiet, json_out=json_out,
+        )
+    except PipelineError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
 
 
 def run() -> None:

@@ -6,12 +6,15 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import orjson
+import xxhash
 
 from .errors import SchemaError
+
+if TYPE_CHECKING:  # jsonschema takes ~0.15 s to import: only a run that writes needs it
+    import jsonschema
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "chunk.schema.json"
 _PACKAGED_SCHEMA = Path(__file__).resolve().parent / "chunk.schema.json"
@@ -26,6 +29,8 @@ def load_schema() -> dict[str, Any]:
 @lru_cache(maxsize=1)
 def validator() -> jsonschema.protocols.Validator:
     """The chunk schema for the reference validator (python-jsonschema), compiled once."""
+    import jsonschema
+
     schema = load_schema()
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
@@ -47,6 +52,8 @@ def check_record(record: dict[str, Any], where: str) -> None:
     """Raise ``SchemaError`` naming the file and the first failing field."""
     if fast_validator().is_valid(record):
         return
+    import jsonschema
+
     error = jsonschema.exceptions.best_match(validator().iter_errors(record))
     if error is None:  # the validators disagree: trust neither, and say so
         raise SchemaError(f"{where}: the schema validators disagree on this record (hint: report it)")
@@ -79,19 +86,63 @@ def unchanged(path: Path, record: dict[str, Any]) -> bool:
     return isinstance(old, dict) and stable_view(old) == stable_view(record)
 
 
+def stable_digest(record: dict[str, Any]) -> str:
+    """xxh3 of the record's stable view: equal digests, equal files (volatile fields aside)."""
+    view = orjson.dumps(stable_view(record), option=orjson.OPT_SORT_KEYS)
+    return xxhash.xxh3_64_hexdigest(view)
+
+
 _MADE_DIRS: set[Path] = set()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp file beside ``path`` and rename it over: readers see old or new, whole."""
+def _write_temp(path: Path, data: bytes) -> Path:
+    """``data`` in a hidden temp file beside ``path``; nothing left behind if that fails."""
     if path.parent not in _MADE_DIRS:
         path.parent.mkdir(parents=True, exist_ok=True)
         _MADE_DIRS.add(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        try:
+            fh = open(tmp, "wb")  # noqa: SIM115
+        except FileNotFoundError:  # the folder went since we made it (a removed document)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(tmp, "wb")  # noqa: SIM115
+        with fh:
             fh.write(data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temp file beside ``path`` and rename it over: readers see old or new, whole."""
+    tmp = _write_temp(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_all_atomic(items: list[tuple[Path, bytes]]) -> None:
+    """Write every file to a temp file first, then rename them all into place.
+
+    If any temp file cannot be written (a full disk, an I/O error), the others are
+    removed and no target is touched: a document is replaced whole or not at all.
+    """
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, data in items:
+            temps.append((_write_temp(path, data), path))
+    except BaseException:
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    for i, (tmp, path) in enumerate(temps):
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            for left, _ in temps[i:]:
+                left.unlink(missing_ok=True)
+            raise

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
+import orjson
 import xxhash
 
 from . import __version__
@@ -19,17 +18,27 @@ from .errors import UsageError
 from .mint import policy_hash
 from .models import Policy
 from .normalize import DEFAULT_MAX_BYTES
-from .runner import DocResult, Job, counter, process_document
+from .redirects import changes, collapse, match_by_hash
 from .state import (
+    MANIFEST_FORMAT,
     STATE_DIR,
     append_feed,
+    clear_inflight,
+    clear_journals,
     event,
+    load_inflight,
     load_manifest,
+    load_redirects,
     new_run_id,
     now_iso,
     output_lock,
+    save_inflight,
     save_manifest,
+    save_redirects,
 )
+
+if TYPE_CHECKING:  # the runner pulls in mistletoe and the schema: only a run with work to do loads it
+    from .runner import DocResult, Job
 
 #: A file modified this close to the last manifest write is hashed, not trusted by its stat.
 _RACY_SECONDS = 2.0
@@ -64,10 +73,19 @@ class Summary:
     changed: int = 0
     unchanged: int = 0
     removed: int = 0
+    written: int = 0  #: chunk files actually written
+    redirects: int = 0  #: redirects added or re-pointed
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    #: chunkyard's own state could not be written (a full disk): exit code 2
+    state_error: bool = False
     warnings: list[str] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when all went well, 1 when a document failed, 2 when the state could not be written."""
+        return 2 if self.state_error else 1 if self.failures else 0
 
     @property
     def mb_per_s(self) -> float:
@@ -86,6 +104,8 @@ class Summary:
             "changed": self.changed,
             "unchanged": self.unchanged,
             "removed": self.removed,
+            "written": self.written,
+            "redirects": self.redirects,
             "seconds": round(self.seconds, 3),
             "mb_per_s": round(self.mb_per_s, 3),
             "failed": len(self.failures),
@@ -95,34 +115,43 @@ class Summary:
         }
 
 
-def _fresh(found: Found, entry: dict[str, Any] | None, p_hash: str, since: float) -> bool:
-    """True when the manifest entry still describes this file: same bytes, policy, version."""
+def _fresh(found: Found, entry: dict[str, Any] | None, p_hash: str, since: float) -> dict[str, Any] | None:
+    """The manifest entry if it still describes this file (same bytes, policy, version), else None.
+
+    Trusted after a stat; hashed when the stat is ambiguous (same size, but a new or
+    racy mtime), in which case the entry comes back as a new dict with the new mtime.
+    """
     if not entry or entry.get("policy_hash") != p_hash or entry.get("version") != __version__:
-        return False
+        return None
     try:
         st = os.stat(found.path)
     except OSError:
-        return False
+        return None
     if st.st_size != entry.get("size"):
-        return False
+        return None
     if st.st_mtime_ns == entry.get("mtime_ns") and st.st_mtime < since - _RACY_SECONDS:
-        return True
+        return entry
     try:  # the stat is ambiguous: let the content decide
         with open(found.path, "rb") as fh:
             same = xxhash.xxh3_64_hexdigest(fh.read()) == entry.get("source_hash")
     except OSError:
-        return False
-    if same:
-        entry["mtime_ns"] = st.st_mtime_ns
-    return same
+        return None
+    return {**entry, "mtime_ns": st.st_mtime_ns} if same else None
 
 
 def _results(jobs: list[Job], workers: int) -> Iterator[DocResult]:
+    if not jobs:
+        return
+    from .runner import process_document
+
     if workers <= 1 or len(jobs) <= 1:
         yield from map(process_document, jobs)
         return
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
     ctx = get_context("fork")  # children inherit the loaded tokenizer
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
         yield from pool.map(process_document, jobs, chunksize=4)
 
 
@@ -137,8 +166,24 @@ def ingest(
         return session.sync(None, on_start, on_result)
 
 
+def _state_error(out: Path, exc: OSError, *, started: bool = False) -> UsageError:
+    done = "the next run repairs what this one began" if started else "nothing was changed"
+    return UsageError(
+        f"{out / STATE_DIR}: cannot write chunkyard's state ({exc.strerror or exc}); {done} "
+        "(hint: make the output folder writable, or free some space)"
+    )
+
+
 class Session:
-    """Holds the output lock and the manifest across syncs (one ``ingest``, or a whole ``watch``)."""
+    """Holds the output lock and the manifest across syncs (one ``ingest``, or a whole ``watch``).
+
+    Crash safety (SPEC §5): before a sync touches a chunk file it records the documents
+    it is about to touch in ``inflight.json``; the manifest is written last and the
+    record removed after it. A session that finds the record left by a run that died
+    re-checks those documents against the disk (untrusted), sweeps the output for
+    orphans and temp files, and announces in the change feed everything the manifest
+    has not seen: the next run converges to what a clean run produces.
+    """
 
     def __init__(self, opts: Options, on_wait: Callable[[str], None] | None = None) -> None:
         if not opts.corpus.is_dir():
@@ -147,16 +192,54 @@ class Session:
         self.on_wait = on_wait
         self.p_hash = policy_hash(opts.policy)
         self.manifest: dict[str, Any] = {}
+        #: documents a run that died was working on: re-checked against the disk
+        self.recovering: set[str] = set()
+        #: the output may hold orphans or temp files: sweep it on the next whole-corpus sync
+        self.sweep_due = False
+        self._redirects: dict[str, str] | None = None
         self._lock: Any = None
 
     def __enter__(self) -> Self:
         self._lock = output_lock(self.opts.out, self.opts.wait, self.on_wait)
         self._lock.__enter__()
-        self.manifest = load_manifest(self.opts.out)
+        try:
+            self.manifest = load_manifest(self.opts.out)
+            inflight = load_inflight(self.opts.out)
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        self.recovering = inflight or set()
+        self.sweep_due = inflight is not None or not self.manifest.get("docs")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._lock.__exit__(*exc)
+
+    @property
+    def redirects(self) -> dict[str, str]:
+        """The redirect map (``redirects.json``), loaded on first use."""
+        if self._redirects is None:
+            self._redirects = load_redirects(self.opts.out)
+        return self._redirects
+
+    def _job(self, f: Found, entry: dict[str, Any] | None, processed_at: str, trusted: bool) -> Job:
+        from .runner import Job
+
+        entry = entry or {}
+        return Job(
+            f.path,
+            f.rel_path,
+            str(self.opts.out),
+            self.opts.policy,
+            processed_at,
+            tuple(entry.get("files", ())),
+            self.opts.max_bytes,
+            int(entry.get("rev_width", 8)),
+            tuple(entry.get("chunk_ids", ())),
+            tuple(entry.get("hashes", ())),
+            tuple(entry.get("digests", ())),
+            trusted,
+        )
 
     def sync(
         self,
@@ -168,118 +251,206 @@ class Session:
 
         A path that is no longer a document (deleted, renamed away, excluded) has its
         chunk files removed. Chunk files are written first, stale ones removed next,
-        the change feed appended, and the manifest written last.
+        then the redirect map, the change feed, and the manifest last.
         """
         opts = self.opts
         run_id = new_run_id()
-        summary = Summary(run_id)
+        run = _Run(
+            opts,
+            self.p_hash,
+            run_id,
+            int(self.manifest.get("generation", 0)) + 1,
+            Summary(run_id),
+            self.manifest.get("docs", {}),
+            {},
+            set(self.recovering),
+        )
+        summary, old_docs = run.summary, run.old_docs
         started = time.perf_counter()
-        generation = int(self.manifest.get("generation", 0)) + 1
         since = float(self.manifest.get("written_at_epoch", 0.0))
-        old_docs: dict[str, dict[str, Any]] = self.manifest.get("docs", {})
         if paths is None:
             found, problems = discover(opts.corpus, opts.out, opts.exclude)
             summary.failures.extend(problems)
             considered = set(old_docs) | {f.rel_path for f in found}
-            new_docs: dict[str, dict[str, Any]] = {}
         else:
             wanted = sorted(set(paths))
             found = [f for f in (find_one(opts.corpus, rel, opts.out, opts.exclude) for rel in wanted) if f]
             considered = set(wanted)
-            new_docs = {rel: e for rel, e in old_docs.items() if rel not in considered}
+            run.new_docs = {rel: e for rel, e in old_docs.items() if rel not in considered}
+        new_docs = run.new_docs
         summary.documents = len(found)
         processed_at = now_iso()
         jobs: list[Job] = []
         for f in found:
             entry = old_docs.get(f.rel_path)
-            if not opts.full and _fresh(f, entry, self.p_hash, since):
-                new_docs[f.rel_path] = entry  # type: ignore[assignment]
+            forced = opts.full or f.rel_path in self.recovering
+            fresh = None if forced else _fresh(f, entry, self.p_hash, since)
+            if fresh is not None:
+                new_docs[f.rel_path] = fresh
                 summary.skipped += 1
                 continue
-            jobs.append(
-                Job(
-                    f.path,
-                    f.rel_path,
-                    str(opts.out),
-                    opts.policy,
-                    processed_at,
-                    tuple((entry or {}).get("files", ())),
-                    opts.max_bytes,
-                    int((entry or {}).get("rev_width", 8)),
-                )
-            )
+            jobs.append(self._job(f, entry, processed_at, trusted=not forced))
+        present = {f.rel_path for f in found}
+        gone = sorted(rel for rel in considered if rel in old_docs and rel not in present)
+        sweep = paths is None and (opts.full or self.sweep_due)
+        touched = {j.rel_path for j in jobs} | set(gone)
+        if touched or sweep:
+            try:  # before the first chunk file is touched (crash safety)
+                save_inflight(opts.out, run.run_id, touched | self.recovering)
+            except OSError as exc:
+                raise _state_error(opts.out, exc) from None
         if on_start is not None:
             on_start(len(jobs))
         if jobs:
+            from .runner import counter
+
             counter(opts.policy.tokenizer)  # load once, before the pool forks
-        events: list[dict[str, Any]] = []
         for result in _results(jobs, opts.jobs):
-            _record(result, old_docs, new_docs, summary, events, opts, self.p_hash, run_id, generation)
+            _record(result, run)
             if on_result is not None:
                 on_result(result)
-        _widen_collisions(
-            new_docs, found, old_docs, summary, events, opts, self.p_hash, run_id, generation, processed_at
-        )
+        _widen_collisions(found, run, processed_at, self)
         for entry in new_docs.values():
             summary.chunks += len(entry["files"])
             summary.tokens += int(entry.get("tokens", 0))
-        removed = _remove_stale(
-            opts.out, old_docs, new_docs, considered, run_id, generation, events, sweep=paths is None
-        )
+        _renames(gone, run)
+        removed, left = _remove_stale(run, considered, sweep=sweep)
         summary.removed = len(removed)
-        append_feed(opts.out, events)
-        self.manifest = {
-            "format": 1,
-            "generation": generation,
-            "version": __version__,
-            "policy_hash": self.p_hash,
-            "policy": opts.policy.as_dict(),
-            "corpus": str(opts.corpus.resolve()),
-            "run_id": run_id,
-            "written_at": now_iso(),
-            "written_at_epoch": time.time(),
-            "docs": new_docs,
-        }
-        save_manifest(opts.out, self.manifest)
+        redirects = self._update_redirects(run)
+        dirty = (
+            run.events
+            or redirects is not None
+            or new_docs.keys() != old_docs.keys()
+            or any(new_docs[rel] is not old_docs.get(rel) for rel in new_docs)
+            or any(self.manifest.get(k) != v for k, v in self._header().items())
+        )
+        if dirty:
+            manifest = {
+                **self._header(),
+                "generation": run.generation,
+                "run_id": run.run_id,
+                "written_at": now_iso(),
+                "written_at_epoch": time.time(),
+                "docs": new_docs,
+            }
+            try:
+                if redirects is not None:
+                    save_redirects(opts.out, redirects)
+                append_feed(opts.out, run.events)
+                save_manifest(opts.out, manifest)
+            except OSError as exc:  # the next run repairs from inflight.json; say so, exit 2
+                summary.failures.append(str(_state_error(opts.out, exc, started=True)))
+                summary.state_error = True
+                self.recovering |= touched
+                self.sweep_due = True
+                self._redirects = None
+                summary.seconds = time.perf_counter() - started
+                return summary
+            self.manifest = manifest
+            if redirects is not None:
+                self._redirects = redirects
+        # the manifest is true now: what is left to recover are documents whose files may
+        # not be what it says (a failed write), and a sweep if a stale file would not go
+        self.recovering = (self.recovering - touched) | run.unsafe
+        self.sweep_due = (self.sweep_due and not sweep) or left
+        try:
+            if self.recovering or self.sweep_due:
+                save_inflight(opts.out, run.run_id, self.recovering)
+            elif touched or sweep:
+                clear_inflight(opts.out)
+            if sweep and not self.recovering:
+                clear_journals(opts.out)
+            else:
+                clear_journals(opts.out, (run.vanished | touched) - self.recovering)
+        except OSError:
+            pass  # harmless: the next run re-checks a few documents
         summary.seconds = time.perf_counter() - started
         return summary
 
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": __version__,
+            "policy_hash": self.p_hash,
+            "policy": self.opts.policy.as_dict(),
+            "corpus": str(self.opts.corpus.resolve()),
+        }
 
-def _record(
-    result: DocResult,
-    old_docs: dict[str, dict[str, Any]],
-    new_docs: dict[str, dict[str, Any]],
-    summary: Summary,
-    events: list[dict[str, Any]],
-    opts: Options,
-    p_hash: str,
-    run_id: str,
-    generation: int,
-) -> None:
-    """Fold one document's result into the new manifest, the summary and the feed."""
+    def _update_redirects(self, run: _Run) -> dict[str, str] | None:
+        """Fold this run's redirects into the map (chains collapsed); None when it is unchanged."""
+        if not run.fresh and not (run.vanished and self.redirects):
+            return None
+        live = {cid for entry in run.new_docs.values() for cid in entry.get("chunk_ids", ())}
+        before = self.redirects
+        after = collapse(before, run.fresh, live)
+        if after == before:
+            return None
+        for old, new in sorted(changes(before, after).items()):
+            run.summary.redirects += 1
+            run.events.append(
+                event(
+                    "ingest.redirect",
+                    run.run_id,
+                    run.generation,
+                    old=old,
+                    new=new,
+                    chunk_id=new,
+                    hash=run.new_hashes.get(new, ""),
+                    match=run.how.get(old, "chain"),
+                )
+            )
+        return after
+
+
+@dataclass(slots=True)
+class _Run:
+    """One sync's working state."""
+
+    opts: Options
+    p_hash: str
+    run_id: str
+    generation: int
+    summary: Summary
+    old_docs: dict[str, dict[str, Any]]
+    new_docs: dict[str, dict[str, Any]]
+    recovering: set[str]  #: documents whose files the manifest may not describe
+    events: list[dict[str, Any]] = field(default_factory=list)
+    fresh: dict[str, str] = field(default_factory=dict)  #: old chunk_id → new, found now
+    how: dict[str, str] = field(default_factory=dict)  #: old chunk_id → how it was matched
+    vanished: set[str] = field(default_factory=set)  #: documents some of whose old ids went
+    unsafe: set[str] = field(default_factory=set)  #: documents whose write failed half-way
+    new_hashes: dict[str, str] = field(default_factory=dict)  #: chunk_id → hash, chunks made now
+
+
+def _record(result: DocResult, run: _Run) -> None:
+    """Fold one document's result into the new manifest, the summary, the feed and the redirects."""
+    summary, rel = run.summary, result.rel_path
     summary.processed += 1
     summary.warnings.extend(result.warnings)
     for stage, secs in result.seconds.items():
         summary.stage_seconds[stage] = summary.stage_seconds.get(stage, 0.0) + secs
+    prev = run.old_docs.get(rel, {})
     if result.error is not None:
         summary.failures.append(result.error)
-        if result.rel_path in old_docs:  # a failed document keeps its previous chunks
-            new_docs[result.rel_path] = old_docs[result.rel_path]
+        if result.unsafe or rel in run.recovering:
+            run.unsafe.add(rel)  # its files may not be what the manifest says: re-check next time
+        if rel in run.old_docs:  # a failed document keeps its previous chunks
+            run.new_docs[rel] = run.old_docs[rel]
         return
     summary.bytes += result.size
     summary.added += len(result.added)
     summary.changed += len(result.changed)
     summary.unchanged += len(result.files) - len(result.added) - len(result.changed)
+    summary.written += result.written
     try:
-        mtime_ns = os.stat(opts.corpus / result.rel_path).st_mtime_ns
+        mtime_ns = os.stat(run.opts.corpus / rel).st_mtime_ns
     except OSError:
         mtime_ns = 0
-    prev = old_docs.get(result.rel_path, {})
-    new_docs[result.rel_path] = {
+    run.new_docs[rel] = {
         "source_hash": result.source_hash,
         "size": result.size,
         "mtime_ns": mtime_ns,
-        "policy_hash": p_hash,
+        "policy_hash": run.p_hash,
         "version": __version__,
         "uid_rev": result.uid_rev,
         "rev_width": int(prev.get("rev_width", 8)) if prev.get("uid_rev") == result.uid_rev else 8,
@@ -287,41 +458,44 @@ def _record(
         "ids": result.ids,
         "chunk_ids": result.chunk_ids,
         "hashes": result.hashes,
+        "digests": result.digests,
         "tokens": result.tokens,
     }
+    run.new_hashes.update(zip(result.chunk_ids, result.hashes, strict=True))
+    if set(prev.get("chunk_ids", ())) - set(result.chunk_ids):
+        run.vanished.add(rel)
+    for old, (new, how) in result.redirects.items():
+        run.fresh[old] = new
+        run.how[old] = how
+    before = dict(zip(prev.get("files", ()), prev.get("chunk_ids", ()), strict=False))
     moved = set(result.added) | set(result.changed)
     for i, file in enumerate(result.files):
-        if file in moved:
-            events.append(
-                event(
-                    "ingest.write",
-                    run_id,
-                    generation,
-                    file=file,
-                    id=result.ids[i],
-                    chunk_id=result.chunk_ids[i],
-                    hash=result.hashes[i],
-                    source=result.rel_path,
-                    change="added" if file in result.added else "changed",
-                )
+        if file not in moved:
+            continue
+        extra = {}
+        if before.get(file, result.chunk_ids[i]) != result.chunk_ids[i]:
+            extra["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
+        run.events.append(
+            event(
+                "ingest.write",
+                run.run_id,
+                run.generation,
+                file=file,
+                id=result.ids[i],
+                chunk_id=result.chunk_ids[i],
+                hash=result.hashes[i],
+                source=rel,
+                change="added" if file in result.added else "changed",
+                **extra,
             )
+        )
 
 
-def _widen_collisions(
-    new_docs: dict[str, dict[str, Any]],
-    found: list[Found],
-    old_docs: dict[str, dict[str, Any]],
-    summary: Summary,
-    events: list[dict[str, Any]],
-    opts: Options,
-    p_hash: str,
-    run_id: str,
-    generation: int,
-    processed_at: str,
-) -> None:
+def _widen_collisions(found: list[Found], run: _Run, processed_at: str, session: Session) -> None:
     """``doc_uid|r`` must be unique in the corpus: widen ``r=`` to 12 hex on a collision (000)."""
     owners: dict[str, str] = {}
-    paths = {f.rel_path: f.path for f in found}
+    paths = {f.rel_path: f for f in found}
+    new_docs, summary = run.new_docs, run.summary
     for rel in sorted(new_docs):
         key = new_docs[rel].get("uid_rev", "")
         if not key:
@@ -336,41 +510,46 @@ def _widen_collisions(
             )
             continue
         summary.warnings.append(f"{rel}: mint: doc_uid|r collides with {owners[key]}; r= widened to 12 hex")
-        result = process_document(
-            Job(
-                paths[rel],
-                rel,
-                str(opts.out),
-                opts.policy,
-                processed_at,
-                tuple(new_docs[rel]["files"]),
-                opts.max_bytes,
-                12,
-            )
-        )
-        _record(result, old_docs, new_docs, summary, events, opts, p_hash, run_id, generation)
+        from .runner import process_document
+
+        job = session._job(paths[rel], new_docs[rel], processed_at, trusted=True)
+        job.rev_width = 12
+        result = process_document(job)
+        _record(result, run)
         summary.processed -= 1
         if result.error is None:
             new_docs[rel]["rev_width"] = 12
 
 
-def _remove_stale(
-    out: Path,
-    old_docs: dict[str, dict[str, Any]],
-    new_docs: dict[str, dict[str, Any]],
-    considered: set[str],
-    run_id: str,
-    generation: int,
-    events: list[dict[str, Any]],
-    *,
-    sweep: bool,
-) -> list[str]:
+def _renames(gone: list[str], run: _Run) -> None:
+    """Chunks of a deleted document found byte for byte in a document made now: a rename (SPEC §3)."""
+    run.vanished.update(rel for rel in gone if rel not in run.new_docs)
+    if not gone or not run.new_hashes:
+        return
+    old = [
+        (cid, digest)
+        for rel in gone
+        if rel not in run.new_docs
+        for cid, digest in zip(
+            run.old_docs[rel].get("chunk_ids", ()), run.old_docs[rel].get("hashes", ()), strict=False
+        )
+        if cid not in run.new_hashes
+    ]
+    new = [(cid, digest) for cid, digest in run.new_hashes.items()]
+    for old_id, r in match_by_hash(old, new).items():
+        run.fresh.setdefault(old_id, r.new)
+        run.how.setdefault(old_id, r.how)
+
+
+def _remove_stale(run: _Run, considered: set[str], *, sweep: bool) -> tuple[list[str], bool]:
     """Delete chunk files no document claims any more (shrunk, renamed or deleted documents).
 
     With ``sweep`` the whole output folder is walked too, so orphans of an
-    interrupted run or a lost manifest, and temp files, go as well.
+    interrupted run or a lost manifest, and temp files, go as well. Returns the
+    files removed, and whether some file could not be removed.
     """
-    keep = {f for entry in new_docs.values() for f in entry["files"]}
+    out, old_docs = run.opts.out, run.old_docs
+    keep = {f for entry in run.new_docs.values() for f in entry["files"]}
     known: dict[str, tuple[str, str, str, str]] = {}
     for rel in considered:
         entry = old_docs.get(rel) or {}
@@ -380,23 +559,27 @@ def _remove_stale(
     if sweep:
         doomed = sorted(set(doomed) | set(_orphans(out, keep)))
     removed: list[str] = []
+    left = False
     for rel_file in doomed:
         name = rel_file.rsplit("/", 1)[-1]
+        is_tmp = name.startswith(".") and name.endswith(".tmp")
+        info = known.get(rel_file) or (None if is_tmp else _describe(out / rel_file))
         try:
             os.unlink(out / rel_file)
         except FileNotFoundError:
             pass
         except OSError:
+            left = True
             continue
-        if name.startswith(".") and name.endswith(".tmp"):
+        if is_tmp:
             continue
         removed.append(rel_file)
-        src, chunk_ref, chunk_id, digest = known.get(rel_file, ("", "", "", ""))
-        events.append(
+        src, chunk_ref, chunk_id, digest = info or ("", "", "", "")
+        run.events.append(
             event(
                 "ingest.delete",
-                run_id,
-                generation,
+                run.run_id,
+                run.generation,
                 file=rel_file,
                 id=chunk_ref,
                 chunk_id=chunk_id,
@@ -412,7 +595,17 @@ def _remove_stale(
             except OSError:
                 break
             path = path.parent
-    return removed
+    return removed, left
+
+
+def _describe(path: Path) -> tuple[str, str, str, str] | None:
+    """``(source, id, chunk_id, hash)`` of an orphan chunk file, for its delete event."""
+    try:
+        rec = orjson.loads(path.read_bytes())
+        meta = rec.get("metadata") or {}
+        return (str(meta.get("sourceFile", "")), str(rec["id"]), str(rec["chunk_id"]), str(rec["hash"]))
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _orphans(out: Path, keep: set[str]) -> Iterator[str]:

@@ -11,7 +11,6 @@ import orjson
 from blake3 import blake3
 
 from .models import Chunk, Draft, Policy, SourceDoc
-from .parse import Lines
 from .tokens import estimate_tokens
 
 CHUNKER_VERSION = "md-heading-v1"
@@ -100,6 +99,8 @@ def mint(
     p_hash = policy_hash(policy)
     analyzer = "verbatim+context-prefix" if policy.context_prefix else "verbatim"
     total = len(drafts)
+    from .parse import Lines  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
+
     lines = Lines(doc.text)
     chunks = []
     for n, d in enumerate(drafts):

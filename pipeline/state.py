@@ -8,11 +8,12 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import orjson
+import xxhash
 
 from .emit import write_atomic
 from .errors import UsageError
@@ -21,8 +22,16 @@ from .mint import SCHEMA_VERSION
 STATE_DIR = ".chunkyard"
 MANIFEST = "manifest.json"
 FEED = "changes.jsonl"
+REDIRECTS = "redirects.json"
 LOCK = "lock"
+#: Written before a sync touches any chunk file, removed after its manifest: while it is
+#: there, the manifest may not describe the disk for the documents it lists.
+INFLIGHT = "inflight.json"
+#: Old texts of chunks whose ids an edit makes vanish, kept until the manifest moves on,
+#: so that redirects survive a crash that overwrote the old chunk files.
+JOURNAL = "journal"
 MANIFEST_FORMAT = 1
+REDIRECTS_FORMAT = 1
 
 
 def state_dir(out: Path) -> Path:
@@ -46,6 +55,81 @@ def save_manifest(out: Path, manifest: dict[str, Any]) -> None:
     write_atomic(state_dir(out) / MANIFEST, data + b"\n")
 
 
+def load_redirects(out: Path) -> dict[str, str]:
+    """``redirects.json`` as ``{old chunk_id: new chunk_id}``; empty when absent or unreadable."""
+    try:
+        data = orjson.loads((state_dir(out) / REDIRECTS).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    table = data.get("redirects") if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        return {}
+    return {str(k): v for k, v in table.items() if isinstance(v, str)}
+
+
+def save_redirects(out: Path, redirects: dict[str, str]) -> None:
+    """``{"format": 1, "redirects": {old: new}}``, atomically (read by ``chunkyard resolve``)."""
+    data = {"format": REDIRECTS_FORMAT, "redirects": dict(sorted(redirects.items()))}
+    write_atomic(state_dir(out) / REDIRECTS, orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def load_inflight(out: Path) -> set[str] | None:
+    """Documents a dead run was working on, or None when the last run finished cleanly."""
+    try:
+        data = orjson.loads((state_dir(out) / INFLIGHT).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, orjson.JSONDecodeError):
+        return set()  # present but unreadable: still a sign of a run that died
+    docs = data.get("docs") if isinstance(data, dict) else None
+    return {str(d) for d in docs} if isinstance(docs, list) else set()
+
+
+def save_inflight(out: Path, run_id: str, docs: Iterable[str]) -> None:
+    write_atomic(state_dir(out) / INFLIGHT, orjson.dumps({"run_id": run_id, "docs": sorted(docs)}))
+
+
+def clear_inflight(out: Path) -> None:
+    (state_dir(out) / INFLIGHT).unlink(missing_ok=True)
+
+
+def journal_path(out: Path, rel_path: str) -> Path:
+    key = xxhash.xxh3_64_hexdigest(rel_path.encode("utf-8"))
+    return state_dir(out) / JOURNAL / f"{key}.json"
+
+
+def read_journal(out: Path, rel_path: str) -> dict[str, tuple[str, str]]:
+    """``{old chunk_id: (hash, originalText)}`` saved for ``rel_path`` by an earlier attempt."""
+    try:
+        data = orjson.loads(journal_path(out, rel_path).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    texts = data.get("texts") if isinstance(data, dict) and data.get("source") == rel_path else None
+    if not isinstance(texts, dict):
+        return {}
+    return {
+        str(cid): (str(v[0]), str(v[1])) for cid, v in texts.items() if isinstance(v, list) and len(v) == 2
+    }
+
+
+def write_journal(out: Path, rel_path: str, texts: dict[str, tuple[str, str]]) -> None:
+    data = {"source": rel_path, "texts": {cid: list(v) for cid, v in texts.items()}}
+    write_atomic(journal_path(out, rel_path), orjson.dumps(data))
+
+
+def clear_journals(out: Path, rel_paths: Iterable[str] | None = None) -> None:
+    """Drop the journals of ``rel_paths`` (all of them when None)."""
+    folder = state_dir(out) / JOURNAL
+    if rel_paths is None:
+        names = os.listdir(folder) if folder.is_dir() else []
+        paths = [folder / n for n in names]
+    else:
+        paths = [journal_path(out, rel) for rel in rel_paths]
+    for path in paths:
+        with suppress(OSError):
+            path.unlink()
+
+
 def now_iso() -> str:
     """UTC now, ISO 8601 with milliseconds and a ``Z``."""
     t = time.time()
@@ -63,10 +147,19 @@ def append_feed(out: Path, events: Iterable[dict[str, Any]]) -> int:
         return 0
     path = state_dir(out) / FEED
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as fh:
-        fh.write(lines)
-        fh.flush()
-        os.fsync(fh.fileno())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(lines)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError:  # a full disk: never leave half a line for a tailing loader
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
     return lines.count(b"\n")
 
 

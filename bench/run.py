@@ -1,0 +1,344 @@
+"""``make bench``: chunkyard's whole pipeline against mistletoe, LangChain and Chonkie.
+
+    python bench/run.py [--corpora eips,rust-book,powershell-docs | all] [--runs 3] [--jobs 1,2]
+
+The chosen corpora (from ``../shared/corpora``) are linked side by side into one
+folder, so each tool sees one corpus of the same files. Then:
+
+- chunkyard, per ``--jobs`` value: ``chunkyard ingest CORPUS --out FRESH --full
+  --jobs N --json`` as a subprocess into a fresh output folder each run, so
+  process start, tokenizer load, schema check and file writes are all timed.
+  Peak RSS is the largest resident set of any process of the run (``wait4``);
+  tree PSS is the sampled peak of the proportional set size summed over the
+  process tree (forked workers share pages with their parent; PSS splits them).
+- baselines, each in its own process with the files preloaded (``bench/peers.py``):
+  mistletoe's ``Document()`` alone; and, when ``pip install .[bench]`` put them
+  there, LangChain and Chonkie at the same 512-token target.
+
+Each tool gets a warm-up run, then ``--runs`` timed runs; the table shows medians.
+Results are written to ``bench/results/`` as JSON too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_CORPORA = "eips,rust-book,powershell-docs"
+STAGES = ("read", "normalize", "parse", "sections", "split", "tokenize", "mint", "schema", "write")
+#: (name, what it is measured against, goal, how the ratio is read)
+GOALS = (
+    ("jobs=cores vs LangChain", 1.2),
+    ("jobs=1 vs mistletoe parse-only", 0.67),
+    ("jobs=2 vs jobs=1", 1.7),
+)
+RSS_GOAL_MB = 500.0
+
+
+def documents(root: Path, names: list[str]) -> list[Path]:
+    """Every ``*.md`` / ``*.markdown`` of the chosen corpora, as chunkyard discovers them."""
+    sys.path.insert(0, str(REPO))
+    from pipeline.discover import discover
+
+    files: list[Path] = []
+    for name in names:
+        found, _ = discover(root / name)
+        files.extend(Path(f.path) for f in found)
+    return files
+
+
+# -- memory -------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if int(fields[1]) == pid:
+            kids.append(int(entry.name))
+    return kids
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class TreeSampler(threading.Thread):
+    """Samples the summed PSS of a process and its descendants until stopped."""
+
+    def __init__(self, pid: int, every: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every, self.peak_kb = pid, every, 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            tree, todo = [], [self.pid]
+            while todo:
+                pid = todo.pop()
+                tree.append(pid)
+                todo.extend(_children(pid))
+            self.peak_kb = max(self.peak_kb, sum(_pss_kb(p) for p in tree))
+            self.done.wait(self.every)
+
+
+def run_timed(cmd: list[str], *, sample: bool) -> tuple[float, float, float, str]:
+    """Run ``cmd``; return wall seconds, peak RSS MB of any process, peak tree PSS MB, stdout."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO)
+        sampler = TreeSampler(proc.pid) if sample else None
+        if sampler:
+            sampler.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if sampler:
+            sampler.done.set()
+            sampler.join()
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode()
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"bench: {' '.join(cmd)} exited {proc.returncode}:\n{err.read().decode()}")
+    peak_pss = sampler.peak_kb / 1024 if sampler else 0.0
+    return seconds, usage.ru_maxrss / 1024, peak_pss, stdout
+
+
+# -- the tools ----------------------------------------------------------------------------
+
+
+def chunkyard_cmd() -> list[str]:
+    script = Path(sys.executable).with_name("chunkyard")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "pipeline"]
+
+
+def bench_chunkyard(corpus: Path, jobs: int, runs: int, scratch: Path) -> dict[str, Any]:
+    rows = []
+    for i in range(runs + 1):
+        out = Path(tempfile.mkdtemp(prefix=f"out-j{jobs}-", dir=scratch))
+        cmd = [*chunkyard_cmd(), "ingest", str(corpus), "--out", str(out)]
+        cmd += ["--full", "--jobs", str(jobs), "--json", "--quiet"]
+        seconds, rss, pss, stdout = run_timed(cmd, sample=True)
+        shutil.rmtree(out)
+        summary = json.loads(stdout)
+        if summary["failed"]:
+            print(f"  warning: {summary['failed']} documents failed", file=sys.stderr)
+        row = {
+            "seconds": seconds,
+            "rss_mb": rss,
+            "pss_mb": pss,
+            "documents": summary["documents"],
+            "chunks": summary["chunks"],
+            "bytes": summary["bytes"],
+            "internal_seconds": summary["seconds"],
+            "stage_seconds": summary.get("stage_seconds", {}),
+        }
+        print(f"  chunkyard jobs={jobs} {'warm-up' if i == 0 else f'run {i}'}: {seconds:.2f} s", flush=True)
+        if i:
+            rows.append(row)
+    stages = {s: statistics.median(r["stage_seconds"].get(s, 0.0) for r in rows) for s in STAGES}
+    return {
+        "tool": f"chunkyard jobs={jobs}",
+        "jobs": jobs,
+        "documents": rows[0]["documents"],
+        "chunks": rows[0]["chunks"],
+        "seconds": statistics.median(r["seconds"] for r in rows),
+        "internal_seconds": statistics.median(r["internal_seconds"] for r in rows),
+        "rss_mb": max(r["rss_mb"] for r in rows),
+        "pss_mb": max(r["pss_mb"] for r in rows),
+        "stage_seconds": stages,
+        "runs": rows,
+    }
+
+
+def bench_peer(tool: str, file_list: Path, runs: int, n_docs: int) -> dict[str, Any] | None:
+    needs = {"langchain": "langchain_text_splitters", "chonkie": "chonkie", "mistletoe": "mistletoe"}[tool]
+    if importlib.util.find_spec(needs) is None:
+        print(f"  {tool}: not installed (pip install '.[bench]'); skipped", file=sys.stderr)
+        return None
+    cmd = [sys.executable, str(HERE / "peers.py"), tool, str(file_list), "--runs", str(runs)]
+    _, rss, _, stdout = run_timed(cmd, sample=False)
+    result = json.loads(stdout)
+    print(f"  {tool}: {', '.join(f'{s:.2f}' for s in result['seconds'])} s", flush=True)
+    return {
+        "tool": tool,
+        "jobs": 1,
+        "documents": n_docs,
+        "chunks": result["chunks"] or None,
+        "seconds": statistics.median(result["seconds"]),
+        "rss_mb": rss,
+        "pss_mb": None,
+        "runs": result["seconds"],
+    }
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+def table(rows: list[dict[str, Any]], mb: float) -> str:
+    head = "| tool | jobs | docs | MB | chunks | s (median) | MB/s | MB/s per core | peak RSS MB | tree PSS MB |"
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        mbps = mb / r["seconds"]
+        pss = f"{r['pss_mb']:.0f}" if r.get("pss_mb") else "–"
+        lines.append(
+            f"| {r['tool']} | {r['jobs']} | {r['documents']} | {mb:.2f} | {r['chunks'] or '–'} | "
+            f"{r['seconds']:.2f} | {mbps:.2f} | {mbps / r['jobs']:.2f} | {r['rss_mb']:.0f} | {pss} |"
+        )
+    return "\n".join(lines)
+
+
+def stage_table(rows: list[dict[str, Any]]) -> str:
+    ours = [r for r in rows if "stage_seconds" in r]
+    lines = ["| stage | " + " | ".join(r["tool"] for r in ours) + " |", "|---|" + "---|" * len(ours)]
+    for stage in STAGES:
+        cells = []
+        for r in ours:
+            total = sum(r["stage_seconds"].values()) or 1.0
+            s = r["stage_seconds"][stage]
+            cells.append(f"{s:.2f} s ({100 * s / total:.0f} %)")
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    lines.append(
+        "| total in workers | "
+        + " | ".join(f"{sum(r['stage_seconds'].values()):.2f} s" for r in ours)
+        + " |"
+    )
+    lines.append(
+        "| wall, in-process / whole | "
+        + " | ".join(f"{r['internal_seconds']:.2f} / {r['seconds']:.2f} s" for r in ours)
+        + " |"
+    )
+    return "\n".join(lines)
+
+
+def ratios(rows: list[dict[str, Any]], mb: float, cores: int) -> list[dict[str, Any]]:
+    by = {r["tool"]: mb / r["seconds"] for r in rows}
+    pairs = {
+        "jobs=cores vs LangChain": (f"chunkyard jobs={cores}", "langchain"),
+        "jobs=1 vs mistletoe parse-only": ("chunkyard jobs=1", "mistletoe"),
+        "jobs=2 vs jobs=1": ("chunkyard jobs=2", "chunkyard jobs=1"),
+    }
+    out = []
+    for name, goal in GOALS:
+        a, b = pairs[name]
+        if a in by and b in by:
+            value = by[a] / by[b]
+            out.append({"ratio": name, "value": value, "goal": goal, "met": value >= goal})
+    peak = max((r["rss_mb"] for r in rows if r["tool"].startswith("chunkyard")), default=0.0)
+    pss = max((r["pss_mb"] or 0.0 for r in rows if r["tool"].startswith("chunkyard")), default=0.0)
+    out.append({"ratio": "peak RSS of any chunkyard process, MB", "value": peak, "goal": RSS_GOAL_MB,
+                "met": peak < RSS_GOAL_MB, "below": True})
+    out.append({"ratio": "peak tree PSS of a chunkyard run, MB", "value": pss, "goal": RSS_GOAL_MB,
+                "met": pss < RSS_GOAL_MB, "below": True})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpora", default=DEFAULT_CORPORA, help="comma-separated names, or 'all'")
+    ap.add_argument("--root", type=Path, default=REPO.parent / "shared" / "corpora")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per tool, after one warm-up")
+    cores = len(os.sched_getaffinity(0))
+    ap.add_argument("--jobs", default=",".join(map(str, sorted({1, 2, cores}))))
+    ap.add_argument("--no-peers", action="store_true", help="chunkyard only")
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+
+    if args.corpora == "all":
+        names = sorted(p.name for p in args.root.iterdir() if p.is_dir())
+    else:
+        names = [n.strip() for n in args.corpora.split(",") if n.strip()]
+    missing = [n for n in names if not (args.root / n).is_dir()]
+    if missing:
+        raise SystemExit(f"bench: no corpus {', '.join(missing)} under {args.root}")
+    files = documents(args.root, names)
+    size = sum(f.stat().st_size for f in files)
+    mb = size / 1e6
+    print(f"corpora: {', '.join(names)}: {len(files)} documents, {mb:.2f} MB; cores: {cores}", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="chunkyard-bench-") as tmp:
+        scratch = Path(tmp)
+        corpus = scratch / "corpus"
+        corpus.mkdir()
+        for name in names:
+            (corpus / name).symlink_to((args.root / name).resolve(), target_is_directory=True)
+        file_list = scratch / "files.txt"
+        file_list.write_text("".join(f"{f}\n" for f in files), encoding="utf-8")
+        for jobs in (int(j) for j in args.jobs.split(",")):
+            rows.append(bench_chunkyard(corpus, jobs, args.runs, scratch))
+        for tool in ("mistletoe",) if args.no_peers else ("mistletoe", "langchain", "chonkie"):
+            row = bench_peer(tool, file_list, args.runs, len(files))
+            if row:
+                rows.append(row)
+
+    report = [
+        f"\n## chunkyard bench: {', '.join(names)} ({len(files)} documents, {mb:.2f} MB)",
+        f"{platform.platform()}, Python {platform.python_version()}, {cores} cores; "
+        f"medians of {args.runs} runs after a warm-up\n",
+        table(rows, mb),
+        "\nTime per stage, summed over worker processes (median run):\n",
+        stage_table(rows),
+        "\nRatios (MB/s over MB/s, same run):\n",
+    ]
+    checks = ratios(rows, mb, cores)
+    for c in checks:
+        rel = "<" if c.get("below") else "≥"
+        fmt = f"{c['value']:.0f}" if c.get("below") else f"{c['value']:.2f}×"
+        report.append(f"- {c['ratio']}: **{fmt}** (goal {rel} {c['goal']}) {'ok' if c['met'] else 'MISSED'}")
+    if any(r["tool"] == "chonkie" for r in rows):
+        report.append("\nChonkie runs its default rules: its markdown recipe is on the HF hub, offline here.")
+    text = "\n".join(report)
+    print(text)
+
+    args.results.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    data = {
+        "when": stamp,
+        "corpora": names,
+        "documents": len(files),
+        "bytes": size,
+        "cores": cores,
+        "runs": args.runs,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "rows": rows,
+        "ratios": checks,
+    }
+    for name in (f"bench-{stamp}.json", "latest.json"):
+        (args.results / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (args.results / "latest.md").write_text(text + "\n", encoding="utf-8")
+    print(f"\nwritten: {args.results / f'bench-{stamp}.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Shared fixtures: golden-file regeneration, chunking a string, the shared corpora and checker.
+
+Golden files are rewritten, not compared, when ``CHUNKYARD_REGEN=1`` is set;
+``test_regen_flag.py`` then fails on purpose so the flag is never left on in CI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from pipeline.models import Chunk, Policy, SourceDoc
+from pipeline.parse import parse
+from pipeline.runner import chunk_document
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+CORPORA = SHARED / "corpora"
+CHECKER = SHARED / "tools" / "check_chunks.py"
+SCHEMA = ROOT / "schemas" / "chunk.schema.json"
+SAMPLE_CORPUS = ROOT / "corpus"
+REGEN = os.environ.get("CHUNKYARD_REGEN") == "1"
+
+#: Block types that may go over the target (SPEC §4 rules 2, 3, 5).
+ATOMIC_TYPES = frozenset({"code", "table", "image", "html", "formula"})
+
+settings.register_profile(
+    "chunkyard",
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=5000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "chunkyard"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "corpora: integration over ../shared/corpora (runs by default; -m 'not corpora' skips)"
+    )
+
+
+# -- volatile fields and golden files ---------------------------------------------------
+
+
+def stable(record: dict[str, Any]) -> dict[str, Any]:
+    """A chunk record without ``metadata.processedAt`` and ``metadata.pipeline.processingTimeMs``."""
+    out = json.loads(json.dumps(record))
+    meta = out.get("metadata", {})
+    meta.pop("processedAt", None)
+    meta.get("pipeline", {}).pop("processingTimeMs", None)
+    return out
+
+
+_VOLATILE = re.compile(rb'("processedAt": |"processingTimeMs": )("[^"]*"|[0-9.eE+-]+)')
+
+
+def stable_bytes(data: bytes) -> bytes:
+    """A chunk file's bytes with the two volatile values blanked, for byte-for-byte comparison."""
+    return _VOLATILE.sub(rb"\1null", data)
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
+
+
+def check_golden(path: Path, got: Any) -> None:
+    """Compare ``got`` with the golden file at ``path``; rewrite it instead under CHUNKYARD_REGEN=1."""
+    got = json.loads(json.dumps(got))  # tuples → lists, as the file has them
+    if REGEN:
+        path.write_text(dump_json(got), encoding="utf-8")
+        return
+    if not path.exists():
+        pytest.fail(f"{path.name} missing: run CHUNKYARD_REGEN=1 pytest {path.parent.parent}, then review it")
+    want = json.loads(path.read_text(encoding="utf-8"))
+    assert got == want, f"{path.name} differs (regenerate with CHUNKYARD_REGEN=1 only if the change is right)"
+
+
+@pytest.fixture(scope="session")
+def regen() -> bool:
+    """True when golden files are to be rewritten (``CHUNKYARD_REGEN=1``)."""
+    return REGEN
+
+
+@pytest.fixture(scope="session")
+def golden() -> Callable[[Path, Any], None]:
+    return check_golden
+
+
+# -- chunking a string ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """What ``chunk_document`` made of one input."""
+
+    doc: SourceDoc
+    chunks: list[Chunk]
+    policy: Policy
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [c.record for c in self.chunks]
+
+    @property
+    def text(self) -> str:
+        return self.doc.text
+
+    def texts(self) -> list[str]:
+        return [r["originalText"] for r in self.records]
+
+
+def chunk_md(
+    text: str | bytes, rel_path: str = "doc.md", policy: Policy | None = None, **policy_kw: Any
+) -> Chunked:
+    """Run the pure ``chunk_document`` on a string (or raw bytes)."""
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    pol = policy or Policy(**policy_kw)
+    doc, chunks = chunk_document(raw, rel_path, pol)
+    return Chunked(doc, chunks, pol)
+
+
+@pytest.fixture(scope="session")
+def chunk() -> Callable[..., Chunked]:
+    """``chunk(text, rel_path="doc.md", target_tokens=..., ...)`` → ``Chunked``."""
+    return chunk_md
+
+
+# -- the schema and the independent checker ---------------------------------------------
+
+
+@cache
+def schema_validator() -> Any:
+    """python-jsonschema (the reference implementation) over ``schemas/chunk.schema.json``."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def schema_errors(record: dict[str, Any]) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in schema_validator().iter_errors(record)]
+
+
+@pytest.fixture(scope="session")
+def validate_schema() -> Callable[[dict[str, Any]], list[str]]:
+    return schema_errors
+
+
+@cache
+def load_checker() -> ModuleType:
+    """``../shared/tools/check_chunks.py``, imported as a module."""
+    spec = importlib.util.spec_from_file_location("check_chunks", CHECKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def checker() -> ModuleType:
+    if not CHECKER.exists():
+        pytest.skip(f"{CHECKER} not found")
+    return load_checker()
+
+
+@pytest.fixture(scope="session")
+def corpora_dir() -> Path:
+    """``../shared/corpora``; the tests that need it skip when it is absent."""
+    if not CORPORA.is_dir():
+        pytest.skip(f"{CORPORA} not found")
+    return CORPORA
+
+
+# -- the invariants every chunking must keep (SPEC §2-4) --------------------------------
+
+
+def line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def invariant_errors(
+    result: Chunked, heading_starts: list[int] | None = None, *, check_budget: bool = True
+) -> Iterator[str]:
+    """Every way the chunks of one document break the contract; nothing when they keep it.
+
+    ``heading_starts`` are the char offsets of document-level headings as an
+    independent parser sees them; without them the checks use the pipeline's own.
+    """
+    text, recs, policy = result.text, result.records, result.policy
+    if heading_starts is None:
+        heading_starts = [b.start for b in parse(result.doc) if b.kind == "heading"]
+    name = result.doc.doc_name
+    n = len(recs)
+    prev_start = -1
+    covered = bytearray(len(text))
+    for i, r in enumerate(recs):
+        cid = r["id"]
+        s, e = r["charOffsets"]["charStart"], r["charOffsets"]["charEnd"]
+        if not 0 <= s < e <= len(text):
+            yield f"{cid}: bad offsets {s},{e} (len {len(text)})"
+            continue
+        if r["originalText"] != text[s:e]:
+            yield f"{cid}: originalText is not canonical[{s}:{e}]"
+        if r["charOffsets"]["totalChars"] != e - s:
+            yield f"{cid}: totalChars"
+        if not r["originalText"].strip():
+            yield f"{cid}: blank chunk"
+        if s < result.doc.body_start:
+            yield f"{cid}: starts inside the front matter"
+        span = (line_of(text, s), line_of(text, e - 1))
+        if (r["lineSpan"]["lineStart"], r["lineSpan"]["lineEnd"]) != span:
+            yield f"{cid}: lineSpan {r['lineSpan']} != {span}"
+        if s <= prev_start:
+            yield f"{cid}: starts at {s}, not after {prev_start}"
+        prev_start = s
+        covered[s:e] = b"\x01" * (e - s)
+        if r["id"] != f"doc:{name}::ch{i}" or r["chunkNumber"] != i or r["parentId"] != f"doc:{name}":
+            yield f"{cid}: id/chunkNumber/parentId out of line at {i}"
+        if r["prevId"] != (recs[i - 1]["id"] if i else None) or r["nextId"] != (
+            recs[i + 1]["id"] if i + 1 < n else None
+        ):
+            yield f"{cid}: prev/next links"
+        if r["headerBreadcrumb"] != " > ".join(r["headerPath"]):
+            yield f"{cid}: breadcrumb"
+        if r["sectionTitle"] != (r["headerPath"][-1] if r["headerPath"] else ""):
+            yield f"{cid}: sectionTitle"
+        if not len(r["headerPath"]) == len(r["headerDepths"]) == len(r["headerSlugs"]):
+            yield f"{cid}: header lists differ in length"
+        if not r["chunk_id"].split("|")[2] == f"s={r['section_id']}":
+            yield f"{cid}: section_id {r['section_id']} vs {r['chunk_id']}"
+        if check_budget and r["block_type"] not in ATOMIC_TYPES and r["tokenStats"]["tokens"] > policy.target_tokens:
+            yield f"{cid}: {r['tokenStats']['tokens']} tokens > target {policy.target_tokens} ({r['block_type']})"
+        if not r["embedText"].endswith(r["originalText"]):
+            yield f"{cid}: embedText does not end with originalText"
+        if not policy.context_prefix and r["embedText"] != r["originalText"] and r["block_type"] != "table":
+            yield f"{cid}: embedText != originalText without a context prefix"
+        inner = [h for h in heading_starts if s < h < e]
+        if inner:
+            yield f"{cid}: a heading starts at {inner[0]} inside [{s},{e})"
+    lost = [i for i in range(result.doc.body_start, len(text)) if not covered[i] and not text[i].isspace()]
+    if lost:
+        yield f"{name}: {len(lost)} non-blank chars in no chunk, first at {lost[0]}: {text[lost[0]:lost[0] + 30]!r}"
+    ids = [r["id"] for r in recs]
+    cids = [r["chunk_id"] for r in recs]
+    if len(set(ids)) != n:
+        yield f"{name}: duplicate ids"
+    if len(set(cids)) != n:
+        yield f"{name}: duplicate chunk_ids {sorted(c for c in cids if cids.count(c) > 1)[:3]}"
+    by_section: dict[str, list[str]] = {}
+    for c in cids:
+        by_section.setdefault(c.split("|")[2], []).append(c)
+    for sect, items in by_section.items():
+        if items != sorted(items):
+            yield f"{name}: chunk ids of {sect} do not sort in reading order"
+
+
+@pytest.fixture(scope="session")
+def invariants() -> Callable[..., list[str]]:
+    """``invariants(chunked, heading_starts=None)`` → list of violations (empty when all hold)."""
+    return lambda result, heading_starts=None, **kw: list(invariant_errors(result, heading_starts, **kw))

@@ -1,0 +1,399 @@
+"""Watch mode (SPEC §6) against the real file system and the real observer: no mocked events.
+
+Every wait is bounded: the output is polled until a condition holds, or the test fails
+after a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.emit import stable_view
+from pipeline.errors import UsageError
+from pipeline.ingest import Options, ingest
+from pipeline.models import Policy
+from pipeline.state import FEED, STATE_DIR
+from pipeline.watch import SyncReport, Watcher, is_editor_temp
+
+# watchdog warns when a folder moved out and back in keeps its inotify watch
+pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")
+
+POLICY = Policy(target_tokens=48, overlap_tokens=8)
+TIMEOUT = 5.0
+
+
+def section(title: str, words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    vocab = "alpha beta gamma delta chunk yard watch save editor rename folder token budget".split()
+    sentences = [" ".join(rng.choice(vocab) for _ in range(9)).capitalize() + "." for _ in range(words // 9)]
+    return f"## {title}\n\n" + " ".join(sentences) + "\n"
+
+
+def document(title: str, sections: int = 3, seed: int = 0) -> str:
+    body = "\n".join(section(f"{title} part {i}", 60, seed * 100 + i) for i in range(sections))
+    return f"# {title}\n\nIntro of {title}.\n\n{body}"
+
+
+def wait_until(cond: Callable[[], object], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
+
+
+def chunk_files(out: Path, rel: str) -> list[Path]:
+    """The chunk files of one document, in chunk order."""
+    folder, _, name = rel.rpartition("/")
+    stem = name.rsplit(".", 1)[0]
+    files = (out / folder).glob(f"doc_{stem}__ch*.json") if (out / folder).is_dir() else []
+    return sorted(files, key=lambda p: int(p.stem.rsplit("__ch", 1)[1]))
+
+
+def text_of(out: Path, rel: str) -> str:
+    """All ``originalText`` of a document's chunk files ('' when it has none)."""
+    texts = []
+    for path in chunk_files(out, rel):
+        try:
+            texts.append(json.loads(path.read_bytes())["originalText"])
+        except (OSError, ValueError):
+            return ""  # a file replaced under us: poll again
+    return "\n".join(texts)
+
+
+def feed(out: Path) -> list[dict[str, object]]:
+    path = out / STATE_DIR / FEED
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def all_chunks(out: Path) -> dict[str, object]:
+    """Every chunk file under ``out`` by relative path, volatile fields aside."""
+    return {
+        str(p.relative_to(out)): stable_view(json.loads(p.read_bytes()))
+        for p in out.rglob("doc_*.json")
+        if STATE_DIR not in p.parts
+    }
+
+
+class Run:
+    """A watcher on a corpus, and the reports it made."""
+
+    def __init__(self, corpus: Path, out: Path, **kwargs: object) -> None:
+        self.corpus, self.out = corpus, out
+        self.reports: list[SyncReport] = []
+        self.lock = threading.Lock()
+        self.watcher = Watcher(
+            Options(corpus, out, POLICY, jobs=1), on_sync=self._on_sync, **kwargs  # type: ignore[arg-type]
+        )
+
+    def _on_sync(self, report: SyncReport) -> None:
+        with self.lock:
+            self.reports.append(report)
+
+    def changes(self) -> list[tuple[str, str]]:
+        with self.lock:
+            return [(d.path, d.status) for r in self.reports if not r.initial for d in r.docs]
+
+    def settle(self, quiet: float = 0.8) -> None:
+        """Wait until no report came for ``quiet`` seconds (longer than watchdog's 0.5 s move pairing)."""
+        last = (-1, time.monotonic())
+
+        def settled() -> bool:
+            nonlocal last
+            n = len(self.reports)
+            if n != last[0] or not self.watcher.idle():
+                last = (n, time.monotonic())
+                return False
+            return time.monotonic() - last[1] >= quiet
+
+        wait_until(settled, "watch to settle", timeout=15)
+
+    def write(self, rel: str, text: str | bytes) -> None:
+        path = self.corpus / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = text.encode() if isinstance(text, str) else text
+        with open(path, "wb") as fh:  # in place: truncate, write, close
+            fh.write(data)
+
+    def current(self, rel: str, needle: str) -> None:
+        wait_until(lambda: needle in text_of(self.out, rel), f"{rel} to show {needle!r}")
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    root = tmp_path / "corpus"
+    for rel, seed in (("a.md", 1), ("sub/b.md", 2), ("sub/deep/c.md", 3), ("z.markdown", 4)):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(document(rel.split("/")[-1].split(".")[0].upper(), seed=seed))
+    (root / "notes.txt").write_text("not a document\n")
+    return root
+
+
+@pytest.fixture
+def run(corpus: Path, tmp_path: Path) -> Iterator[Run]:
+    r = Run(corpus, tmp_path / "chunks")
+    with r.watcher:
+        yield r
+
+
+def test_first_sync_writes_every_document(run: Run) -> None:
+    assert run.reports and run.reports[0].initial
+    assert run.reports[0].summary.documents == 4
+    for rel in ("a.md", "sub/b.md", "sub/deep/c.md", "z.markdown"):
+        assert chunk_files(run.out, rel)
+
+
+def test_save_in_place(run: Run) -> None:
+    before = len(feed(run.out))
+    run.write("a.md", document("A", seed=1) + "\nSaved in place, mark 1.\n")
+    run.current("a.md", "mark 1")
+    wait_until(
+        lambda: any(e["event"] == "ingest.write" and e["source"] == "a.md" for e in feed(run.out)[before:]),
+        "the change feed to show the write",
+    )
+    wait_until(lambda: run.changes() == [("a.md", "chunked")], "one report: a.md chunked")
+
+
+def test_save_by_rename_over(run: Run) -> None:
+    a = run.corpus / "a.md"
+    # JetBrains: write a temp file, move the original aside, move the temp in, delete the original
+    (run.corpus / "a.md___jb_tmp___").write_text(document("A", seed=1) + "\nJetBrains save.\n")
+    os.rename(a, run.corpus / "a.md___jb_old___")
+    os.rename(run.corpus / "a.md___jb_tmp___", a)
+    os.unlink(run.corpus / "a.md___jb_old___")
+    run.current("a.md", "JetBrains save")
+    # vim (backupcopy=no): probe file 4913, rename to a backup, write anew, drop the backup
+    (run.corpus / ".a.md.swp").write_bytes(b"\0swap")
+    (run.corpus / "4913").write_text("")
+    os.unlink(run.corpus / "4913")
+    os.rename(a, run.corpus / "a.md~")
+    a.write_text(document("A", seed=1) + "\nVim save.\n")
+    os.unlink(run.corpus / "a.md~")
+    run.current("a.md", "Vim save")
+    # any tool: a hidden temp file replaced over the document
+    tmp = run.corpus / ".a.md.tmp"
+    tmp.write_text(document("A", seed=1) + "\nAtomic replace.\n")
+    os.replace(tmp, a)
+    run.current("a.md", "Atomic replace")
+    run.settle()
+    assert {p for p, _ in run.changes()} == {"a.md"}
+    assert not [p for p in run.out.rglob("*") if "jb_" in p.name or "~" in p.name or "swp" in p.name]
+
+
+def test_delete_then_create(run: Run) -> None:
+    os.unlink(run.corpus / "a.md")
+    run.write("a.md", "# A again\n\nRecreated right after the delete.\n")
+    run.current("a.md", "Recreated right after")
+    wait_until(lambda: len(chunk_files(run.out, "a.md")) == 1, "the shrunk document's extra chunks to go")
+
+
+def test_create_then_delete(run: Run) -> None:
+    run.write("new/fresh.md", document("Fresh", seed=9))
+    run.current("new/fresh.md", "Intro of Fresh")
+    files = chunk_files(run.out, "new/fresh.md")
+    assert len(files) > 1
+    before = len(feed(run.out))
+    os.unlink(run.corpus / "new/fresh.md")
+    wait_until(lambda: not chunk_files(run.out, "new/fresh.md"), "fresh.md's chunks to go")
+    expected = {str(f.relative_to(run.out)) for f in files}
+    wait_until(
+        lambda: {e["file"] for e in feed(run.out)[before:] if e["event"] == "ingest.delete"} == expected,
+        "the change feed to show every delete",
+    )
+
+
+def test_rename_document(run: Run) -> None:
+    old_text = text_of(run.out, "sub/b.md")
+    before = len(feed(run.out))
+    os.rename(run.corpus / "sub/b.md", run.corpus / "sub/b2.md")
+    wait_until(lambda: not chunk_files(run.out, "sub/b.md"), "b.md's chunks to go")
+    run.current("sub/b2.md", "Intro of B")
+    assert text_of(run.out, "sub/b2.md") == old_text
+    run.settle(quiet=0.2)
+    events = feed(run.out)[before:]
+    assert {e["source"] for e in events if e["event"] == "ingest.delete"} == {"sub/b.md"}
+    assert {e["source"] for e in events if e["event"] == "ingest.write"} == {"sub/b2.md"}
+    renamed = [d for r in run.reports for d in r.docs if d.renamed_from]
+    assert [(d.renamed_from, d.path) for d in renamed] == [("sub/b.md", "sub/b2.md")]
+
+
+def test_folder_moved_out_and_in(run: Run, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    shutil.move(str(run.corpus / "sub"), str(outside))
+    wait_until(
+        lambda: not chunk_files(run.out, "sub/b.md") and not chunk_files(run.out, "sub/deep/c.md"),
+        "the moved-out folder's chunks to go",
+    )
+    shutil.move(str(outside), str(run.corpus / "moved"))
+    run.current("moved/b.md", "Intro of B")
+    run.current("moved/deep/c.md", "Intro of C")
+    run.write("moved/deep/c.md", "# C\n\nEdited after the round trip.\n")  # still watched, under its new name
+    run.current("moved/deep/c.md", "after the round trip")
+    # a folder made elsewhere, filled, then moved in whole
+    staging = tmp_path / "staging"
+    (staging / "x/y").mkdir(parents=True)
+    (staging / "x/y/new.md").write_text("# New\n\nArrived with its folder.\n")
+    shutil.move(str(staging / "x"), str(run.corpus / "x"))
+    run.current("x/y/new.md", "Arrived with its folder")
+
+
+def test_editor_temp_files_are_ignored(run: Run) -> None:
+    before = (len(feed(run.out)), len(run.reports))
+    for name in (".a.md.swp", ".a.md.swx", "a.md~", "4913", "#a.md#", "a.md.tmp", ".~lock.a.md#", "b.md.bak"):
+        (run.corpus / name).write_text("# scratch\n\ntext\n")
+    os.symlink("user@host.1234:1700000000", run.corpus / ".#a.md")  # emacs' lock: a symlink to nowhere
+    (run.corpus / ".git/objects").mkdir(parents=True)
+    (run.corpus / ".git/objects/x.md").write_text("# not a document\n")
+    time.sleep(0.6)
+    run.settle(quiet=0.3)
+    assert (len(feed(run.out)), len(run.reports)) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "temp"),
+    [
+        (".a.md.swp", True), (".a.md.swo", True), (".a.md.swx", True), ("a.md~", True), ("4913", True),
+        ("#a.md#", True), ("a.md.tmp", True), (".~lock.a.md#", True), ("a.md___jb_tmp___", True),
+        ("a.md", False), ("..md", False), ("!.md", False), ("#a.md", False), ("notes.md", False),
+    ],
+)
+def test_is_editor_temp(name: str, temp: bool, tmp_path: Path) -> None:
+    assert is_editor_temp(str(tmp_path / name)) is temp
+
+
+def test_regular_file_named_like_an_emacs_lock_is_a_document(run: Run) -> None:
+    run.write(".#real.md", "# Real\n\nA document with an odd name.\n")
+    run.current(".#real.md", "odd name")
+
+
+def test_half_written_save_is_reported_then_retried(run: Run) -> None:
+    files = chunk_files(run.out, "a.md")
+    snapshot = {f: f.read_bytes() for f in files}
+    run.write("a.md", b"# A\n\nHalf a save \xe2\x82")  # cut inside a UTF-8 sequence
+    wait_until(lambda: ("a.md", "failed") in run.changes(), "the failure to be reported")
+    failure = next(d for r in run.reports for d in r.docs if d.status == "failed")
+    assert "byte" in (failure.error or "") and "UTF-8" in (failure.error or "")
+    assert "a.md" in run.watcher.failing
+    assert {f: f.read_bytes() for f in chunk_files(run.out, "a.md")} == snapshot  # previous chunks stay
+    run.write("a.md", "# A\n\nHalf a save \u20ac, finished.\n")
+    run.current("a.md", "finished")
+    assert not run.watcher.failing
+
+
+def test_saves_are_debounced_and_coalesced(corpus: Path, tmp_path: Path) -> None:
+    r = Run(corpus, tmp_path / "chunks", debounce=0.3)
+    with r.watcher:
+        for i in range(10):
+            r.write("a.md", document("A", seed=1) + f"\nKeystroke {i}.\n")
+            time.sleep(0.01)
+        r.current("a.md", "Keystroke 9")
+        r.settle(quiet=0.4)
+        assert r.changes().count(("a.md", "chunked")) <= 2
+
+
+def test_polling_observer(corpus: Path, tmp_path: Path) -> None:
+    r = Run(corpus, tmp_path / "chunks", polling=True)
+    with r.watcher:
+        r.write("z.markdown", document("Z", seed=4) + "\nSeen by polling.\n")
+        r.current("z.markdown", "Seen by polling")
+        os.rename(corpus / "z.markdown", corpus / "zz.md")
+        r.current("zz.md", "Seen by polling")
+        wait_until(lambda: not chunk_files(r.out, "z.markdown"), "z.markdown's chunks to go")
+
+
+def test_output_is_locked_while_watching(run: Run) -> None:
+    with pytest.raises(UsageError, match="locked"):
+        ingest(Options(run.corpus, run.out, POLICY, wait=False))
+
+
+def test_after_any_edits_ingest_changes_nothing(corpus: Path, tmp_path: Path) -> None:
+    """The key property: what watch leaves is exactly what ingest would write."""
+    out = tmp_path / "chunks"
+    rng = random.Random(20240601)
+    r = Run(corpus, out)
+    with r.watcher:
+        docs = ["a.md", "sub/b.md", "sub/deep/c.md", "z.markdown"]
+        for step in range(40):
+            op = rng.choice(["save", "save", "save", "replace", "rename", "delete", "create", "folder"])
+            live = [d for d in docs if (corpus / d).exists()]
+            target = rng.choice(live) if live else "a.md"
+            if op == "save" or not live:
+                r.write(target, document(f"S{step}", sections=rng.randint(1, 4), seed=step))
+            elif op == "replace":
+                tmp = corpus / f".{Path(target).name}.tmp"
+                tmp.write_text(document(f"R{step}", sections=rng.randint(0, 3), seed=step))
+                os.replace(tmp, corpus / target)
+            elif op == "rename":
+                dest = f"{Path(target).parent}/renamed{step}.md".removeprefix("./")
+                os.rename(corpus / target, corpus / dest)
+                docs.append(dest)
+            elif op == "delete":
+                os.unlink(corpus / target)
+            elif op == "create":
+                name = f"new{step}.md"
+                r.write(name, document(f"N{step}", seed=step))
+                docs.append(name)
+            else:
+                staging = tmp_path / f"staging{step}"
+                (staging / "inner").mkdir(parents=True)
+                (staging / "inner/doc.md").write_text(document(f"F{step}", seed=step))
+                shutil.move(str(staging), str(corpus / f"folder{step}"))
+                docs.append(f"folder{step}/inner/doc.md")
+            time.sleep(rng.choice([0.0, 0.005, 0.03, 0.08]))
+        r.settle()
+    summary = ingest(Options(corpus, out, POLICY, jobs=1))
+    assert summary.failures == []
+    assert (summary.added, summary.changed, summary.removed) == (0, 0, 0)
+    fresh = tmp_path / "fresh"
+    ingest(Options(corpus, fresh, POLICY, jobs=1))
+    assert all_chunks(out) == all_chunks(fresh)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_watch_stops_cleanly_on_signal(corpus: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "chunks"
+    cmd = [sys.executable, "-m", "pipeline", "watch", str(corpus), "--out", str(out), "--json",
+           "--target-tokens", "48", "--overlap-tokens", "8", "--jobs", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[dict[str, object]] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(json.loads(x)) for x in proc.stdout or ()], daemon=True).start()
+
+    def next_event(kind: str) -> dict[str, object]:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                continue
+            if line["event"] == kind:
+                return line
+        raise AssertionError(f"no {kind!r} line from chunkyard watch")
+
+    try:
+        assert next_event("ready")["documents"] == 4
+        (corpus / "a.md").write_text(document("A", seed=1) + "\nEdited under the CLI.\n")
+        assert next_event("chunked")["path"] == "a.md"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Edited under the CLI" in text_of(out, "a.md")
+    summary = ingest(Options(corpus, out, POLICY, jobs=1, wait=False))  # the lock was released
+    assert (summary.added, summary.changed, summary.removed) == (0, 0, 0)
