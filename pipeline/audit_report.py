@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -38,7 +40,9 @@ def render_validate(report: Report, out: Console, *, quiet: bool = False) -> Non
     if quiet:
         for code, found in by_code.items():
             first = found[0]
-            out.print(f"{code} ×{len(found)}: {_where(first)}: {first.message}", highlight=False, markup=False)
+            out.print(
+                f"{code} ×{len(found)}: {_where(first)}: {first.message}", highlight=False, markup=False
+            )
         return
     table = Table(title="chunkyard validate", title_justify="left", show_lines=False)
     table.add_column("code", style="bold red", no_wrap=True)
@@ -55,8 +59,12 @@ def render_validate(report: Report, out: Console, *, quiet: bool = False) -> Non
         for p in found[:EXAMPLES_PER_CODE]:
             out.print(Text.assemble("  ", (_where(p), "cyan"), ": ", p.message), soft_wrap=False)
         if len(found) > EXAMPLES_PER_CODE:
-            out.print(Text(f"  … and {len(found) - EXAMPLES_PER_CODE:,} more (--json lists them all)", style="dim"))
-    verdict = Text("✗ " + report.code, style="bold red") if not report.ok else Text("✓ ok", style="bold green")
+            out.print(
+                Text(f"  … and {len(found) - EXAMPLES_PER_CODE:,} more (--json lists them all)", style="dim")
+            )
+    verdict = (
+        Text("✗ " + report.code, style="bold red") if not report.ok else Text("✓ ok", style="bold green")
+    )
     errors, warnings = len(report.errors), len(report.problems) - len(report.errors)
     out.print(Text.assemble(verdict, f": {errors:,} errors, {warnings:,} warnings; {summary}"))
 
@@ -67,7 +75,10 @@ def render_resolved(found: Resolved, out: Console, err: Console, *, context: int
     first, last = found.line_span
     if found.redirected_from:
         err.print(
-            Text(f"note: {found.redirected_from} was redirected to {rec['chunk_id']} (redirects.json)", "yellow")
+            Text(
+                f"note: {found.redirected_from} was redirected to {rec['chunk_id']} (redirects.json)",
+                "yellow",
+            )
         )
     notes = {
         "moved": "the source changed since ingest; the chunk's text now sits at other offsets (run chunkyard ingest)",
@@ -77,10 +88,13 @@ def render_resolved(found: Resolved, out: Console, err: Console, *, context: int
     if found.source_status in notes:
         err.print(Text(f"warning: {notes[found.source_status]}", "yellow"))
     title = rec["sectionTitle"] or "(before the first heading)"
+    shown = found.source_path
+    with contextlib.suppress(ValueError, OSError):
+        shown = shown.resolve().relative_to(Path.cwd())
     out.print(Text.assemble((rec["id"], "bold"), "  ", (rec["chunk_id"], "cyan")))
     out.print(
         Text.assemble(
-            (f"{found.source_path}:{first}-{last}", "bold green"),
+            (f"{shown}:{first}-{last}", "bold green"),
             f"  section {rec['section_id']} “{title}” · {rec['block_type']} · "
             f"{rec['tokenStats']['tokens']} tokens · rev {rec['rev']} · chars "
             f"{rec['charOffsets']['charStart']}-{rec['charOffsets']['charEnd']}",
@@ -89,11 +103,11 @@ def render_resolved(found: Resolved, out: Console, err: Console, *, context: int
     rows = found.rows(context)
     width = len(str(rows[-1].number)) if rows else 1
     for row in rows:
-        marked = row.mark_end > row.mark_start
+        marked = row.inside
         line = Text(f"{row.number:>{width}} ", style="bold" if marked else "dim")
         line.append("▌ " if marked else "│ ", style="green" if marked else "dim")
         body = Text(row.text, style="" if marked else "dim")
-        if marked:
+        if row.mark_end > row.mark_start:
             body.stylize("on grey23", row.mark_start, row.mark_end)
         line.append_text(body)
         out.print(line, soft_wrap=True)
@@ -108,7 +122,9 @@ def render_citations(report: CitationReport, out: Console, *, quiet: bool = Fals
         return
     if quiet:
         for p in report.problems:
-            out.print(f"{p.code}: {p.where} · {p.field}: {p.message}", highlight=False, markup=False)
+            out.print(
+                f"{p.code}: {p.where} · {p.field}: {p.message}", highlight=False, markup=False, soft_wrap=True
+            )
         return
     table = Table(title="chunkyard check-citations", title_justify="left")
     table.add_column("citation", style="cyan", no_wrap=True)
@@ -119,5 +135,9 @@ def render_citations(report: CitationReport, out: Console, *, quiet: bool = Fals
         table.add_row(p.where, p.code, p.field, p.message)
     out.print(table)
     for code in dict.fromkeys(p.code for p in report.problems):
-        out.print(Text.assemble((f"{code}", "bold"), f": {CITATION_CODES[code][0]} → {CITATION_CODES[code][1]}"))
-    out.print(Text.assemble((f"✗ {report.code}", "bold red"), f": {len(report.problems)} problem(s); {summary}"))
+        out.print(
+            Text.assemble((f"{code}", "bold"), f": {CITATION_CODES[code][0]} → {CITATION_CODES[code][1]}")
+        )
+    out.print(
+        Text.assemble((f"✗ {report.code}", "bold red"), f": {len(report.problems)} problem(s); {summary}")
+    )

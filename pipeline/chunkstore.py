@@ -16,7 +16,7 @@ import orjson
 from .errors import PipelineError, UsageError
 from .models import SourceDoc
 from .normalize import normalize, read_source
-from .state import MANIFEST, MANIFEST_FORMAT, REDIRECTS, STATE_DIR
+from .state import MANIFEST, MANIFEST_FORMAT, STATE_DIR, load_redirects
 
 
 def doc_name_of(rel_path: str) -> str:
@@ -28,18 +28,6 @@ def doc_name_of(rel_path: str) -> str:
 def uid_of(chunk_id: str) -> str:
     """The ``doc_uid`` part of a ``chunk_id`` (001's ``doc_id``)."""
     return chunk_id.split("|r=", 1)[0]
-
-
-def load_redirects(out: Path) -> dict[str, str]:
-    """``redirects.json`` as ``{old chunk_id: new chunk_id}``; empty when absent or unreadable."""
-    try:
-        data = orjson.loads((out / STATE_DIR / REDIRECTS).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    table = data.get("redirects") if isinstance(data, dict) else None
-    if not isinstance(table, dict):
-        return {}
-    return {str(k): str(v) for k, v in table.items() if isinstance(v, str)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,7 +175,7 @@ def check_answer(
             where = f"{prefix}citations[{i}]"
             rec = _lookup(cit, store, records, where, report)
             _check_fields(cit, rec, where, report)
-            section = _section_key(cit, rec)
+            section = _section_key(rec)
             if section is None or not fenced:
                 continue
             if first_section is None:
@@ -340,11 +340,9 @@ def _check_fields(
         )
 
 
-def _section_key(cit: dict[str, Any], rec: dict[str, Any] | None) -> tuple[str, str] | None:
-    """The section a citation draws on: (document, section path); section paths repeat across documents."""
-    if rec is not None:
-        return uid_of(rec["chunk_id"]), rec["section_id"]
-    snippet, section = cit.get("snippet_id"), cit.get("section_id")
-    if isinstance(section, str):
-        return (uid_of(snippet) if isinstance(snippet, str) else "?"), section
-    return None
+def _section_key(rec: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The section a cited chunk lies in: (document, section path), as paths repeat across documents.
+
+    A citation whose chunk is unknown is fenced by nothing: its own finding says enough.
+    """
+    return (uid_of(rec["chunk_id"]), rec["section_id"]) if rec is not None else None

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import PipelineError
+from .guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from .ingest import Options, Summary, ingest
 from .models import Policy
 from .normalize import DEFAULT_MAX_BYTES
@@ -57,6 +58,16 @@ ExcludeOpt = Annotated[
     list[str] | None, typer.Option("--exclude", help="Glob of paths to skip (repeatable).")
 ]
 MaxBytesOpt = Annotated[int, typer.Option("--max-bytes", min=1, help="Refuse files larger than this.")]
+DocTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--doc-timeout", min=0, metavar="SECONDS", help="Stop and report a document that takes longer (0 = no limit)."
+    ),
+]
+DocMemoryOpt = Annotated[
+    int,
+    typer.Option("--doc-memory", min=0, metavar="MIB", help="Memory one document may use, in MiB (0 = no limit)."),
+]
 WaitOpt = Annotated[
     bool, typer.Option("--wait/--no-wait", help="Wait for another run holding the output lock.")
 ]
@@ -112,6 +123,8 @@ def ingest_cmd(
     full: FullOpt = False,
     exclude: ExcludeOpt = None,
     max_bytes: MaxBytesOpt = DEFAULT_MAX_BYTES,
+    doc_timeout: DocTimeoutOpt = DEFAULT_DOC_TIMEOUT,
+    doc_memory: DocMemoryOpt = DEFAULT_DOC_MEMORY_MB,
     wait: WaitOpt = True,
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
@@ -126,6 +139,8 @@ def ingest_cmd(
         exclude=tuple(exclude or ()),
         max_bytes=max_bytes,
         wait=wait,
+        doc_timeout=doc_timeout,
+        doc_memory_mb=doc_memory,
     )
     show = not quiet and not json_out and err.is_terminal
     progress = Progress(
@@ -206,6 +221,8 @@ def watch_cmd(
     full: FullOpt = False,
     exclude: ExcludeOpt = None,
     max_bytes: MaxBytesOpt = DEFAULT_MAX_BYTES,
+    doc_timeout: DocTimeoutOpt = DEFAULT_DOC_TIMEOUT,
+    doc_memory: DocMemoryOpt = DEFAULT_DOC_MEMORY_MB,
     wait: WaitOpt = True,
     debounce_ms: Annotated[
         int, typer.Option("--debounce-ms", min=0, help="Quiet time after a save before re-chunking.")
@@ -228,11 +245,18 @@ def watch_cmd(
         exclude=tuple(exclude or ()),
         max_bytes=max_bytes,
         wait=wait,
+        doc_timeout=doc_timeout,
+        doc_memory_mb=doc_memory,
     )
     try:
         code = serve(
-            opts, out=out_console, err=err, debounce=debounce_ms / 1000, polling=polling,
-            quiet=quiet, json_out=json_out,
+            opts,
+            out=out_console,
+            err=err,
+            debounce=debounce_ms / 1000,
+            polling=polling,
+            quiet=quiet,
+            json_out=json_out,
         )
     except PipelineError as exc:
         err.print(f"[red]error:[/] {exc}")
@@ -245,3 +269,164 @@ def watch_cmd(
 def run() -> None:
     """Console-script entry point."""
     app()
+
+
+# --- audit tools (SPEC §8): validate, resolve, check-citations --------------------------------
+
+AuditOutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder to audit.")]
+AuditCorpusOpt = Annotated[
+    Path | None,
+    typer.Option("--corpus", help="The corpus folder.", show_default="the manifest's corpus, else corpus/"),
+]
+
+
+def _usage_error(exc: PipelineError, json_out: bool) -> typer.Exit:
+    """Report a setup problem (no such folder, no manifest): exit 2."""
+    from rich.markup import escape
+
+    if json_out:
+        sys.stdout.write(
+            orjson.dumps({"code": "usage_error", "ok": False, "error": str(exc)}).decode() + "\n"
+        )
+    err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+    return typer.Exit(2)
+
+
+@app.command("validate")
+def validate_cmd(
+    out: AuditOutOpt = Path("chunks"),
+    corpus: AuditCorpusOpt = None,
+    reingest: Annotated[
+        bool, typer.Option("--reingest", help="Also re-chunk every source in memory: ids must not move.")
+    ] = False,
+    jobs: JobsOpt = 0,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check a chunk folder against its sources (000's validator): exit 0 clean, 1 on any problem.
+
+    Schema, unique ids, chunk_id order, originalText vs the source slice, line spans,
+    prev/next chains, stale and missing files, hash and rev, manifest agreement.
+    """
+    from .audit_report import render_validate
+    from .validate import validate
+
+    show = not quiet and not json_out and err.is_terminal
+    progress = Progress(
+        TextColumn("[bold]validating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    )
+    task = progress.add_task("validating", total=None)
+    try:
+        with progress:
+            result = validate(
+                out,
+                corpus,
+                reingest=reingest,
+                jobs=jobs,
+                on_start=lambda n: progress.update(task, total=n),
+                on_doc=lambda: progress.advance(task),
+            )
+    except PipelineError as exc:
+        raise _usage_error(exc, json_out) from None
+    if json_out:
+        sys.stdout.write(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        render_validate(result, out_console, quiet=quiet)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command("resolve")
+def resolve_cmd(
+    chunk: Annotated[
+        str,
+        typer.Argument(
+            metavar="ID", help="A chunk_id, an id (doc:NAME::chN), a chunk file, or a redirected chunk_id."
+        ),
+    ],
+    out: AuditOutOpt = Path("chunks"),
+    corpus: AuditCorpusOpt = None,
+    context: Annotated[
+        int, typer.Option("--context", "-C", min=0, help="Lines of context before and after.")
+    ] = 3,
+    quiet: QuietOpt = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print 001's citation payload plus text, file and lineSpan.")
+    ] = False,
+) -> None:
+    """Show the exact source span behind a chunk address, with line numbers and context."""
+    from rich.text import Text
+
+    from .audit_report import render_resolved
+    from .chunkstore import open_store
+    from .resolve import UnknownIdError, resolve
+
+    try:
+        store = open_store(out, corpus)
+    except PipelineError as exc:
+        raise _usage_error(exc, json_out) from None
+    try:
+        found = resolve(store, chunk)
+    except UnknownIdError as exc:
+        if json_out:
+            doc = {
+                "code": "unknown_id",
+                "ok": False,
+                "query": exc.query,
+                "error": exc.reason,
+                "suggestions": exc.suggestions,
+            }
+            sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            err.print(Text.assemble(("unknown id: ", "red"), f"{exc.query}: {exc.reason}"))
+            if exc.suggestions and not quiet:
+                err.print("nearest:")
+                for s in exc.suggestions:
+                    err.print(Text(f"  {s}", style="cyan"))
+        raise typer.Exit(1) from None
+    except PipelineError as exc:
+        err.print(Text(f"error: {exc}", style="red"))
+        raise typer.Exit(1) from None
+    if json_out:
+        sys.stdout.write(orjson.dumps(found.payload(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        render_resolved(found, out_console, err, context=context)
+
+
+@app.command("check-citations")
+def check_citations_cmd(
+    answer: Annotated[
+        Path, typer.Argument(metavar="ANSWER.json", help="The answer with its citation block.")
+    ],
+    out: AuditOutOpt = Path("chunks"),
+    allow_cross_section: Annotated[
+        bool, typer.Option("--allow-cross-section", help="Let one segment cite several sections.")
+    ] = False,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check a RAG answer's citations against the chunk store (001's validator): exit 0 ok, 1 on any problem.
+
+    Required per citation: snippet_id (a chunk_id), section_id, source_url, offsets{start,end,unit:"char"},
+    tokens, rev, analyzer. index_hash, embed_model and scores are the loader's to check.
+    """
+    from .audit_report import render_citations
+    from .chunkstore import open_store
+    from .citations import check_answer, load_answer
+
+    try:
+        store = open_store(out)
+        data, failed = load_answer(answer)
+    except PipelineError as exc:
+        raise _usage_error(exc, json_out) from None
+    result = failed or check_answer(data, store, allow_cross_section=allow_cross_section, name=str(answer))
+    if json_out:
+        sys.stdout.write(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        render_citations(result, out_console, quiet=quiet)
+    raise typer.Exit(0 if result.ok else 1)

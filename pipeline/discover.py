@@ -27,6 +27,8 @@ def is_document(name: str) -> bool:
 
 def excluded(rel_path: str, patterns: tuple[str, ...]) -> bool:
     """``--exclude`` globs match the relative path or any of its folders."""
+    if not patterns:
+        return False
     parts = rel_path.split("/")
     prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
     return any(fnmatch.fnmatchcase(p, pat) for pat in patterns for p in (*prefixes, parts[-1]))

@@ -15,6 +15,7 @@ import xxhash
 from . import __version__
 from .discover import Found, discover, find_one
 from .errors import UsageError
+from .guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from .mint import policy_hash
 from .models import Policy
 from .normalize import DEFAULT_MAX_BYTES
@@ -38,6 +39,7 @@ from .state import (
 )
 
 if TYPE_CHECKING:  # the runner pulls in mistletoe and the schema: only a run with work to do loads it
+    from .guard import GuardPool
     from .runner import DocResult, Job
 
 #: A file modified this close to the last manifest write is hashed, not trusted by its stat.
@@ -56,6 +58,8 @@ class Options:
     exclude: tuple[str, ...] = ()
     max_bytes: int = DEFAULT_MAX_BYTES
     wait: bool = True
+    doc_timeout: float = DEFAULT_DOC_TIMEOUT  #: seconds per document, 0 = no limit (guard.py)
+    doc_memory_mb: int = DEFAULT_DOC_MEMORY_MB  #: MiB a worker may add, 0 = no limit (guard.py)
 
 
 @dataclass(slots=True)
@@ -198,6 +202,7 @@ class Session:
         self.sweep_due = False
         self._redirects: dict[str, str] | None = None
         self._lock: Any = None
+        self._pool: GuardPool | None = None
 
     def __enter__(self) -> Self:
         self._lock = output_lock(self.opts.out, self.opts.wait, self.on_wait)
@@ -208,12 +213,32 @@ class Session:
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
-        self.recovering = inflight or set()
-        self.sweep_due = inflight is not None or not self.manifest.get("docs")
+        self.recovering, sweep = inflight or (set(), False)
+        self.sweep_due = sweep or not self.manifest.get("docs")
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:  # first: a live worker holds a copy of the lock
+            self._pool.close()
+            self._pool = None
         self._lock.__exit__(*exc)
+
+    def results(self, jobs: list[Job]) -> Iterator[DocResult]:
+        """Process ``jobs`` under the per-document guard (time and memory), in order.
+
+        The worker processes live as long as the session, so ``watch`` pays no process
+        start per save. With both limits off (0), the unguarded path runs instead.
+        """
+        opts = self.opts
+        if not jobs:
+            return iter(())
+        if opts.doc_timeout <= 0 and opts.doc_memory_mb <= 0:
+            return _results(jobs, opts.jobs)
+        if self._pool is None:
+            from .guard import GuardPool
+
+            self._pool = GuardPool(opts.jobs, opts.doc_timeout, opts.doc_memory_mb)
+        return self._pool.run(jobs)
 
     @property
     def redirects(self) -> dict[str, str]:
@@ -251,7 +276,7 @@ class Session:
 
         A path that is no longer a document (deleted, renamed away, excluded) has its
         chunk files removed. Chunk files are written first, stale ones removed next,
-        then the redirect map, the change feed, and the manifest last.
+        then the change feed, the redirect map, and the manifest last.
         """
         opts = self.opts
         run_id = new_run_id()
@@ -305,7 +330,7 @@ class Session:
             from .runner import counter
 
             counter(opts.policy.tokenizer)  # load once, before the pool forks
-        for result in _results(jobs, opts.jobs):
+        for result in self.results(jobs):
             _record(result, run)
             if on_result is not None:
                 on_result(result)
@@ -334,9 +359,9 @@ class Session:
                 "docs": new_docs,
             }
             try:
+                append_feed(opts.out, run.events)  # first: a run that dies after it says it again
                 if redirects is not None:
                     save_redirects(opts.out, redirects)
-                append_feed(opts.out, run.events)
                 save_manifest(opts.out, manifest)
             except OSError as exc:  # the next run repairs from inflight.json; say so, exit 2
                 summary.failures.append(str(_state_error(opts.out, exc, started=True)))
@@ -355,7 +380,7 @@ class Session:
         self.sweep_due = (self.sweep_due and not sweep) or left
         try:
             if self.recovering or self.sweep_due:
-                save_inflight(opts.out, run.run_id, self.recovering)
+                save_inflight(opts.out, run.run_id, self.recovering, sweep=self.sweep_due)
             elif touched or sweep:
                 clear_inflight(opts.out)
             if sweep and not self.recovering:
@@ -468,7 +493,8 @@ def _record(result: DocResult, run: _Run) -> None:
         run.fresh[old] = new
         run.how[old] = how
     before = dict(zip(prev.get("files", ()), prev.get("chunk_ids", ()), strict=False))
-    moved = set(result.added) | set(result.changed)
+    added = set(result.added)
+    moved = added | set(result.changed)
     for i, file in enumerate(result.files):
         if file not in moved:
             continue
@@ -485,7 +511,7 @@ def _record(result: DocResult, run: _Run) -> None:
                 chunk_id=result.chunk_ids[i],
                 hash=result.hashes[i],
                 source=rel,
-                change="added" if file in result.added else "changed",
+                change="added" if file in added else "changed",
                 **extra,
             )
         )
@@ -510,11 +536,9 @@ def _widen_collisions(found: list[Found], run: _Run, processed_at: str, session:
             )
             continue
         summary.warnings.append(f"{rel}: mint: doc_uid|r collides with {owners[key]}; r= widened to 12 hex")
-        from .runner import process_document
-
         job = session._job(paths[rel], new_docs[rel], processed_at, trusted=True)
         job.rev_width = 12
-        result = process_document(job)
+        result = next(iter(session.results([job])))
         _record(result, run)
         summary.processed -= 1
         if result.error is None:
@@ -548,13 +572,19 @@ def _remove_stale(run: _Run, considered: set[str], *, sweep: bool) -> tuple[list
     interrupted run or a lost manifest, and temp files, go as well. Returns the
     files removed, and whether some file could not be removed.
     """
-    out, old_docs = run.opts.out, run.old_docs
-    keep = {f for entry in run.new_docs.values() for f in entry["files"]}
+    out, old_docs, new_docs = run.opts.out, run.old_docs, run.new_docs
     known: dict[str, tuple[str, str, str, str]] = {}
     for rel in considered:
-        entry = old_docs.get(rel) or {}
+        entry = old_docs.get(rel)
+        if not entry or new_docs.get(rel) is entry:
+            continue  # skipped, or kept after a failure: nothing of it is stale
+        now = set(new_docs[rel]["files"]) if rel in new_docs else set()
         for i, f in enumerate(entry.get("files", [])):
-            known[f] = (rel, entry["ids"][i], entry["chunk_ids"][i], entry["hashes"][i])
+            if f not in now:
+                known[f] = (rel, entry["ids"][i], entry["chunk_ids"][i], entry["hashes"][i])
+    if not known and not sweep:
+        return [], False
+    keep = {f for entry in new_docs.values() for f in entry["files"]}
     doomed = sorted(f for f in known if f not in keep)
     if sweep:
         doomed = sorted(set(doomed) | set(_orphans(out, keep)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ _UID_UNSAFE = re.compile(r"[|%\s]")
 _MD_LEAD = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,9}[.)]\s+|\|)+")
 _MD_MARKS = re.compile(r"[*_`]+|!?\[([^\]]*)\]\([^)]*\)")
 _SENTENCE = re.compile(r"(?<=[.!?])\s|(?<=[。！？])")
+_RULE_LINE = re.compile(r"[|\-: =#*_>]+")  # table rules, thematic breaks, bare markers
 
 
 def sha1_8(text: str, width: int = 8) -> str:
@@ -60,9 +61,9 @@ def chunk_file(doc_name: str, n: int) -> str:
 def anchor(text: str) -> str:
     """The first salient sentence: Markdown marks dropped, headings passed over, ≤ 200 chars."""
     fallback = ""
-    for line in text.split("\n"):
+    for line in _lines(text):
         stripped = line.strip()
-        if not stripped or stripped.startswith(("```", "~~~")) or set(stripped) <= set("|-: =#*_>"):
+        if not stripped or stripped.startswith(("```", "~~~")) or _RULE_LINE.fullmatch(stripped):
             continue
         plain = " ".join(_MD_MARKS.sub(lambda m: m[1] or "", _MD_LEAD.sub("", stripped)).split())
         if not plain:
@@ -72,6 +73,15 @@ def anchor(text: str) -> str:
             continue
         return _SENTENCE.split(plain, maxsplit=1)[0][:200]
     return (fallback or " ".join(text.split()))[:200]
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text``, one at a time: the anchor is nearly always in the first few."""
+    pos = 0
+    while (nl := text.find("\n", pos)) >= 0:
+        yield text[pos:nl]
+        pos = nl + 1
+    yield text[pos:]
 
 
 def mint(

@@ -9,27 +9,46 @@ every non-blank character of the body belongs to exactly one top-level block.
 
 from __future__ import annotations
 
+import html
 import re
 from bisect import bisect_right
 from collections.abc import Sequence
 from typing import Any
 
-from mistletoe import block_token, span_token
+from mistletoe import block_token, span_token, span_tokenizer
 from mistletoe.block_token import Document
 
+from . import mdlimits
 from .errors import StageError
 from .models import Block, BlockKind, SourceDoc
 
-block_token.add_token(block_token.HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (SPEC §4 rule 2)
+
+
+class HtmlBlock(block_token.HtmlBlock):
+    """mistletoe's HTML block, asked first for every line: it now turns most away at once.
+
+    Each of its seven start rules needs a ``<`` first (after the indent), so a line
+    without one is no HTML block; the others get mistletoe's own checks.
+    """
+
+    @classmethod
+    def start(cls, line: str) -> Any:
+        if line.lstrip()[:1] != "<":
+            return False
+        return super().start(line)  # type: ignore[no-untyped-call]
+
+
+block_token.add_token(HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (SPEC §4 rule 2)
 
 #: Beyond this depth a container is kept as one leaf instead of being descended into.
 MAX_DEPTH = 48
+mdlimits.install(MAX_DEPTH + 2)  # below that, mistletoe does not even parse (hostile nesting)
 
 _SETEXT_UNDERLINE = re.compile(r" {0,3}(=+|-+)[ \t]*$")
 _IMAGE_ONLY = re.compile(
     r"""(\[)?!\[(?:[^\]\\]|\\.)*\]                # ![alt]
         (?:\((?:[^()\\]|\\.)*\)|\[[^\]]*\])?        # (url "title") or [ref]
-        (?(1)\((?:[^()\\]|\\.)*\)|)\s*$             # [![..](..)](link)
+        (?(1)\](?:\((?:[^()\\]|\\.)*\)|\[[^\]]*\])|)\s*$  # [![..](..)](link) or [![..](..)][ref]
     """,
     re.VERBOSE | re.DOTALL,
 )
@@ -55,10 +74,11 @@ _KIND_BY_TOKEN: dict[str, BlockKind] = {
 class Lines:
     """Line ↔ char offset arithmetic over one canonical text (lines are 1-based)."""
 
-    __slots__ = ("count", "starts", "text")
+    __slots__ = ("_blank", "count", "starts", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
+        self._blank: list[bool] | None = None
         starts = [0]
         find = text.find
         i = find("\n")
@@ -81,7 +101,10 @@ class Lines:
         return bisect_right(self.starts, offset)
 
     def is_blank(self, line: int) -> bool:
-        return not self.text[self.start(line) : self.end(line)].strip()
+        blank = self._blank
+        if blank is None:  # one pass over the text, the first time it is asked
+            blank = self._blank = [not s.strip() for s in self.text.split("\n")]
+        return blank[line - 1]
 
 
 def parse(doc: SourceDoc) -> tuple[Block, ...]:
@@ -110,12 +133,24 @@ def _mistletoe(body: str) -> Document:
     src = [p + "\n" for p in parts[:-1]]
     if parts[-1]:
         src.append(parts[-1])
-    saved = list(span_token._token_types)
-    span_token._token_types[:] = [span_token.RawText]  # the fallback token only
+    saved = span_token.tokenize_inner
+    span_token.tokenize_inner = _raw_inner
     try:
         return Document(src)
     finally:
-        span_token._token_types[:] = saved
+        span_token.tokenize_inner = saved
+
+
+def _raw_inner(content: str) -> list[Any]:
+    """``tokenize_inner`` with ``RawText`` the only span token: what heading titles start from."""
+    if not content:
+        return []
+    saved = html._charref  # type: ignore[attr-defined]
+    html._charref = span_tokenizer._markdown_charref  # type: ignore[attr-defined] # as mistletoe does
+    try:
+        return [span_token.RawText(html.unescape(content))]  # type: ignore[no-untyped-call]
+    finally:
+        html._charref = saved  # type: ignore[attr-defined]
 
 
 def _siblings(
@@ -195,6 +230,10 @@ def _block(
         return None
     while last > first and lines.is_blank(last):
         last -= 1
+    while first < last and lines.is_blank(first):  # mistletoe may open indented code on a blank line
+        first += 1
+    if lines.is_blank(first):  # whitespace-only lines (4+ spaces, a tab) mistletoe calls indented code
+        return None
     if kind == "heading":
         return _make(kind, first, last, lines, level=tok.level, title=heading_title(tok))
     if kind == "paragraph":
@@ -214,7 +253,12 @@ def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
     raw = "".join(getattr(c, "content", "") for c in (tok.children or ()))
     if any(ch in raw for ch in "*_`[<\\!~&"):
-        inline = span_token.tokenize_inner(raw)  # type: ignore[no-untyped-call]
+        saved = list(span_token._token_types)
+        span_token.add_token(span_token.HtmlSpan)  # type: ignore[no-untyped-call] # so _plain drops tags
+        try:
+            inline = span_token.tokenize_inner(raw)  # type: ignore[no-untyped-call]
+        finally:
+            span_token._token_types[:] = saved
         return " ".join(_plain(inline).split())
     return " ".join(raw.split())
 

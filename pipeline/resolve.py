@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .chunkstore import ChunkStore, Location, uid_of
+from .chunkstore import ChunkStore, Location, doc_name_of, uid_of
 from .errors import PipelineError
 from .parse import Lines
 
@@ -43,6 +43,7 @@ class Row:
     text: str
     mark_start: int  #: start of the chunk's part of this line (chars), == mark_end when none
     mark_end: int
+    inside: bool = True  #: the line lies in the chunk's line span (blank lines too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,8 @@ class Resolved:
         for n in range(max(1, first - context), min(lines.count, last + context) + 1):
             ls, le = lines.start(n), lines.end(n)
             a, b = max(self.start, ls), min(self.end, le)
-            rows.append(Row(n, self.text[ls:le], a - ls if a < b else 0, b - ls if a < b else 0))
+            inside = first <= n <= last
+            rows.append(Row(n, self.text[ls:le], a - ls if a < b else 0, b - ls if a < b else 0, inside))
         return rows
 
     def payload(self) -> dict[str, Any]:
@@ -137,7 +139,13 @@ def find(store: ChunkStore, query: str) -> tuple[Location, str | None]:
         return files[named[0]], None
     if named:
         raise UnknownIdError(q, named[:8], f"{len(named)} chunk files are named {name}; give the path")
-    raise UnknownIdError(q, suggest(store, q))
+    reason = ""
+    if q.startswith("doc:"):
+        rel = next((r for r in store.docs if f"doc:{doc_name_of(r)}" == q.partition("::ch")[0]), None)
+        if rel is not None:
+            count = len(store.docs[rel].get("files") or [])
+            reason = f"{rel} has {count} chunks, ch0 … ch{count - 1}" if count else f"{rel} has no chunks"
+    raise UnknownIdError(q, suggest(store, q), reason)
 
 
 def _as_files(out: Path, q: str) -> list[str]:

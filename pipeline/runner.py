@@ -12,6 +12,7 @@ Each stage takes the previous stage's value and returns a new one; only
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from .split import Splitter
 from .state import read_journal, write_journal
 from .tokens import Counter
 
-STAGES = ("read", "normalize", "parse", "sections", "split", "mint", "schema", "write")
+STAGES = ("read", "normalize", "parse", "sections", "split", "tokenize", "mint", "schema", "write")
 
 
 @dataclass(slots=True)
@@ -45,6 +46,11 @@ class Timer:
         now = time.perf_counter()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self._last
         self._last = now
+
+    def move(self, source: str, stage: str, seconds: float) -> None:
+        """Book ``seconds`` of ``source`` to ``stage`` instead (tokenizing, out of splitting)."""
+        self.seconds[source] = self.seconds.get(source, 0.0) - seconds
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
 def chunk_document(
@@ -66,9 +72,12 @@ def chunk_document(
     sections = build_sections(blocks)
     title = file_title(doc, blocks)
     timer.lap("sections")
-    splitter = Splitter(doc.text, title, policy, counter(policy.tokenizer))
+    tokens = counter(policy.tokenizer)
+    spent = tokens.seconds
+    splitter = Splitter(doc.text, title, policy, tokens)
     drafts = list(splitter.split(sections))
     timer.lap("split")
+    timer.move("split", "tokenize", tokens.seconds - spent)
     chunks = mint(
         doc,
         drafts,
@@ -140,8 +149,12 @@ class DocResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def process_document(job: Job) -> DocResult:
-    """Read, chunk, check and write one document. Never raises for bad input."""
+def process_document(job: Job, before_write: Callable[[], None] | None = None) -> DocResult:
+    """Read, chunk, check and write one document. Never raises for bad input.
+
+    ``before_write`` is called once the chunks are ready, before the first file is
+    touched (the guard gives the write phase its own deadline, see ``guard.py``).
+    """
     result = DocResult(job.rel_path)
     timer = Timer()
     try:
@@ -173,6 +186,8 @@ def process_document(job: Job) -> DocResult:
             result.uid_rev = chunks[0].record["chunk_id"].split("|s=", 1)[0]
         result.redirects = _redirects(job, chunks)  # before any old file is overwritten
         timer.lap("mint")
+        if before_write is not None:
+            before_write()
         _write(job, chunks, result)
         timer.lap("write")
     except (StageError, SchemaError) as exc:

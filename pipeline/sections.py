@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
 
@@ -9,10 +10,13 @@ from .models import Block, Section, SourceDoc
 
 #: Unicode categories github-slugger keeps: letters, marks, numbers, connector punctuation.
 _SLUG_KEEP = ("L", "M", "N", "Pc")
+_ASCII_DROP = re.compile(r"[^a-z0-9_ \-]")
 
 
 def slugify(title: str) -> str:
     """GitHub's heading anchor: lower case, punctuation dropped, spaces → hyphens."""
+    if title.isascii():  # the same rule, at C speed: ASCII L/M/N/Pc are [A-Za-z0-9_]
+        return _ASCII_DROP.sub("", title.lower()).replace(" ", "-")
     out = []
     for ch in title.lower():
         if ch in " -":

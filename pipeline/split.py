@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from .models import ATOMIC_KINDS, Block, BlockKind, ChunkType, Draft, Piece, Policy, Section
-from .tokens import Counter
+from .tokens import Counter, cut_at
 
 #: How piece kinds show in ``block_type``.
 _OUTPUT_KIND: dict[str, ChunkType] = {
@@ -33,6 +33,8 @@ _OUTPUT_KIND: dict[str, ChunkType] = {
 #: Split points, coarse to fine: sentence ends or line ends, then spaces, then anywhere.
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])[\"')\]]*\s+|(?<=[。！？；])\s*|\n\s*")
 _SPACE = re.compile(r"\s+")
+#: No token of cl100k_base or o200k_base is longer than this many bytes (nor chars).
+_LONGEST_TOKEN = 128
 #: A context prefix may take at most this share of the target.
 _PREFIX_SHARE = 4
 
@@ -44,8 +46,10 @@ class Splitter:
         self.text = text
         self.title = title
         self.policy = policy
+        self.counter = counter
         self.count = counter.count
         self.target = policy.target_tokens
+        self.prefix_tokens: dict[str, int] = {"": 0}
 
     # -- the section loop -------------------------------------------------------------
 
@@ -55,7 +59,12 @@ class Splitter:
 
     def split_section(self, section: Section) -> list[Draft]:
         prefix = self.prefix(section)
-        budget = max(self.target - self.count(prefix) - 1, 1)
+        if prefix not in self.prefix_tokens:  # the line is counted already: add its blank line
+            line = len(prefix) - 2
+            self.prefix_tokens[prefix] = self.counter.count_joined(
+                prefix, 0, len(prefix), ((0, line, self.count(prefix[:line])),)
+            )
+        budget = max(self.target - self.prefix_tokens[prefix] - 1, 1)
         pieces: list[Piece] = []
         heading_tokens = 0
         for bi, block in enumerate(section.blocks):
@@ -86,7 +95,10 @@ class Splitter:
         self, block: Block, bi: int, top: BlockKind, budget: int, first_budget: int
     ) -> Iterator[Piece]:
         text = self.text[block.start : block.end]
-        tokens = self.count(text)
+        if block.children and len(text) > _LONGEST_TOKEN * first_budget:
+            tokens = first_budget + 1  # surely over: skip counting a container at every depth
+        else:
+            tokens = self.count(text)
         kind: BlockKind = block.kind if block.kind in ATOMIC_KINDS or block.kind == "table" else top
         if block.kind == "image":
             yield Piece(block.start, block.end, "image", bi, tokens, atomic=True, solo=True)
@@ -151,7 +163,8 @@ class Splitter:
         overlap = self.policy.overlap_tokens
         i, n = 0, len(units)
         room = first_budget
-        prev_start = -1
+        prev_start = prev_end = -1
+        resume = 0  # the first unit after the last piece: where to go on without overlap
         while i < n:
             j, used = i, 0
             while j < n and (j == i or used + units[j][2] + 1 <= room):
@@ -160,11 +173,21 @@ class Splitter:
             while j - 1 > i and self.count(self.text[units[i][0] : units[j - 1][1]]) > room:
                 j -= 1
             s, e = units[i][0], units[j - 1][1]
+            if e <= prev_end:  # only the overlap fit: drop it rather than repeat it alone
+                i = resume
+                continue
             if s > prev_start:
                 yield Piece(s, e, kind, bi, self.count(self.text[s:e]))
-                prev_start = s
+                prev_start, prev_end = s, e
             if j >= n:
                 break
+            if overlap and units[j - 1][2] > overlap:  # too big to repeat whole: repeat its end
+                a, b = units[j - 1][0], units[j - 1][1]
+                words = self.cut(a, b, 1)
+                finer = [(x, y, self.count(self.text[x:y])) for x, y in words] if len(words) > 1 else []
+                units[j - 1 : j] = finer or self.hard(a, b, overlap)
+                j, n = j + len(units) - n, len(units)
+            resume = j
             k, back = j, 0  # step back over trailing units that fit the overlap
             while k - 1 > i and back + units[k - 1][2] <= overlap:
                 k -= 1
@@ -216,6 +239,8 @@ class Splitter:
         i, n = 0, len(pieces)
         while i < n:
             j, used = i + 1, pieces[i].tokens
+            if pieces[i].table_header:  # a split table's header rides along in embedText
+                used += self.count(pieces[i].table_header) + 1
             if not pieces[i].solo and used <= budget:
                 while j < n and not pieces[j].solo:
                     nxt = pieces[j]
@@ -242,7 +267,12 @@ class Splitter:
         embed = prefix + (header + "\n" + body if header else body)
         kinds = {_OUTPUT_KIND[p.kind] for p in run if p.kind != "heading"}
         block_type: ChunkType = kinds.pop() if len(kinds) == 1 else ("heading" if not kinds else "mixed")
-        return Draft(section, run, i, block_type, embed, self.count(embed))
+        if header or (prefix and not cut_at(embed, len(prefix))):
+            tokens = self.count(embed)
+        else:  # the pieces are counted already: only their joins are new (tokens.Counter.count_joined)
+            spans = [(p.start, p.end, p.tokens) for p in run]
+            tokens = self.prefix_tokens[prefix] + self.counter.count_joined(self.text, start, end, spans)
+        return Draft(section, run, i, block_type, embed, tokens)
 
 
 _EXEMPT = frozenset({"code", "table", "image", "html", "formula"})

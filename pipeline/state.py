@@ -73,20 +73,27 @@ def save_redirects(out: Path, redirects: dict[str, str]) -> None:
     write_atomic(state_dir(out) / REDIRECTS, orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
 
 
-def load_inflight(out: Path) -> set[str] | None:
-    """Documents a dead run was working on, or None when the last run finished cleanly."""
+def load_inflight(out: Path) -> tuple[set[str], bool] | None:
+    """What a run left to recover: the documents it was touching, and whether to sweep.
+
+    None when the last run finished cleanly.
+    """
     try:
         data = orjson.loads((state_dir(out) / INFLIGHT).read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, orjson.JSONDecodeError):
-        return set()  # present but unreadable: still a sign of a run that died
-    docs = data.get("docs") if isinstance(data, dict) else None
-    return {str(d) for d in docs} if isinstance(docs, list) else set()
+        return set(), True  # present but unreadable: still a sign of a run that died
+    if not isinstance(data, dict):
+        return set(), True
+    docs = data.get("docs")
+    return ({str(d) for d in docs} if isinstance(docs, list) else set()), bool(data.get("sweep", True))
 
 
-def save_inflight(out: Path, run_id: str, docs: Iterable[str]) -> None:
-    write_atomic(state_dir(out) / INFLIGHT, orjson.dumps({"run_id": run_id, "docs": sorted(docs)}))
+def save_inflight(out: Path, run_id: str, docs: Iterable[str], *, sweep: bool = True) -> None:
+    """Written before a sync touches anything (``sweep``: a run that dies there may leave orphans)."""
+    data = {"run_id": run_id, "docs": sorted(docs), "sweep": sweep}
+    write_atomic(state_dir(out) / INFLIGHT, orjson.dumps(data))
 
 
 def clear_inflight(out: Path) -> None:

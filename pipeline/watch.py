@@ -17,12 +17,18 @@ How editors save, and what the marks become:
   rename marks ``doc.md`` too, and the debounce lets the new file land first.
 - delete then create: both events mark the same path → one sync, usually.
 - a rename: source and destination are synced in one batch, so the change feed shows
-  the deletes and the writes together (and redirects, where ``Session`` records them).
+  the deletes, the writes and the redirects (old ids → new) of one sync.
 - a folder created, moved in, out, or deleted: every manifest document under its old
-  name and every document now under its new one.
+  name and every document now under its new one. (inotify pairs the two halves of a
+  move for 0.5 s, so a folder moved out of the corpus is seen that much later.)
 
-A document that fails (half-saved, invalid UTF-8 for a moment) is reported; ``Session``
-keeps its previous chunks, and the next save of it is synced again.
+A batch keeps only paths that are documents now or that the manifest has: a file made
+and deleted within one debounce, or emacs' lock link, costs no sync. A document that
+fails (half-saved, invalid UTF-8 for a moment) is reported; ``Session`` keeps its
+previous chunks, and the next save of it is synced again.
+
+The first sync may use a process pool, so it runs before the observer thread exists;
+a second, incremental sync then catches what was saved meanwhile.
 """
 
 from __future__ import annotations
@@ -292,6 +298,9 @@ class Watcher:
                 rest, self._pending, self._partners = self._pending, {}, {}
             if rest and self.fatal is None:
                 self._sync_batch(rest)
+        except Exception as exc:  # a bug (or on_sync failed): say so, and keep the traceback
+            self.fatal = f"watch stopped: {exc!r}"
+            raise
         finally:
             self.ready.set()
             self.done.set()
@@ -394,7 +403,11 @@ class Watcher:
         quiet_if_idle: bool = False,
     ) -> None:
         """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync``."""
-        old = {rel: list(e.get("files", ())) for rel, e in self._docs().items()}
+        docs = self._docs()
+        old = {
+            rel: list(docs[rel].get("files", ()))
+            for rel in (docs if paths is None else (p for p in paths if p in docs))
+        }
         results: dict[str, DocResult] = {}
         started = time.monotonic()
         try:
@@ -439,7 +452,7 @@ def _change(
     new_files = list(entry.get("files", ())) if entry else []
     removed = len(set(old_files or ()) - set(new_files))
     if result is not None and result.error is not None:
-        return DocChange(rel, "failed", ms=_ms(result), error=result.error)
+        return DocChange(rel, "failed", unchanged=len(new_files), ms=_ms(result), error=result.error)
     if result is not None:
         written = len(result.added) + len(result.changed)
         status: Status = "chunked"

@@ -80,16 +80,27 @@ class Printer:
                 for failure in s.failures:
                     self.error(f"failed: {failure}")
             return
+        told = {d.error for d in report.docs}
+        for failure in s.failures:  # not of one document: state writes, id collisions
+            if failure not in told:
+                self.error(f"failed: {failure}")
+        for warning in s.warnings:
+            if self.json_out:
+                self.json("warning", message=warning, run_id=s.run_id)
+            elif not self.quiet:
+                self.err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
         by_path = {d.path: d for d in report.docs}
         renamed = {d.renamed_from for d in report.docs if d.renamed_from and d.status == "chunked"}
         for d in report.docs:
-            ms = round(report.latency_ms, 1)
+            ms = round(report.latency_ms or report.ms, 1)  # the catch-up sync has no event to time from
             if self.json_out:
                 fields = {k: v for k, v in asdict(d).items() if v is not None and k != "status"}
                 self.json(d.status, **fields, latency_ms=ms, run_id=s.run_id)
                 continue
             if d.status == "failed":
-                self.error(f"{d.error}; previous chunks kept")
+                self.error(
+                    f"{d.error}" + (f"; its {d.unchanged} chunk files are kept" if d.unchanged else "")
+                )
             elif d.status == "removed" and d.path in renamed:
                 continue
             elif d.status == "removed":
@@ -115,7 +126,8 @@ class Printer:
             return
         for _, why in sorted(watcher.failing.items()):
             self.err.print(f"[red]failing:[/] {escape(why)}", highlight=False, soft_wrap=True)
-        self.line("stopped" + (f"; {len(watcher.failing)} documents failing" if watcher.failing else ""))
+        n = len(watcher.failing)
+        self.line("stopped" + (f"; {n} document{'s' if n > 1 else ''} failing" if n else ""))
 
 
 def serve(
@@ -145,7 +157,7 @@ def serve(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stop.wait(0.2) and watcher.fatal is None:
+        while not stop.wait(0.2) and watcher.fatal is None and not watcher.done.is_set():
             pass
         watcher.stop()
     finally:

@@ -18,7 +18,9 @@ def normalized(raw: bytes, rel_path: str) -> dict[str, Any]:
     try:
         doc = normalize(raw, rel_path)
     except StageError as exc:
-        return {"error": {"stage": exc.stage, "where": exc.where, "problem": exc.problem, "message": str(exc)}}
+        return {
+            "error": {"stage": exc.stage, "where": exc.where, "problem": exc.problem, "message": str(exc)}
+        }
     return {
         "rel_path": doc.rel_path,
         "doc_name": doc.doc_name,

@@ -1,0 +1,330 @@
+"""The per-document guard: no document may hang a run or eat the machine (SPEC §5, bad input).
+
+Each document is chunked in a long-lived worker process. The parent gives every
+busy worker a deadline and kills it (SIGKILL) when the deadline passes; the
+document is reported ("took longer than N s") and a fresh worker takes the next
+one. Why so:
+
+- ``concurrent.futures`` cannot cancel a task that is running;
+- ``signal.alarm`` works only in the main thread, and ``watch`` syncs from its own;
+- a watchdog thread inside the worker cannot interrupt C code that holds the GIL
+  (a regular expression, ``str.join`` on a huge list).
+
+So the parent only waits on pipes and process sentinels with a timeout: no signal
+handler of its own, and it works from any thread. Workers are forked once (after
+the tokenizer is loaded) and live as long as the ``Session``: the common path
+pays one pipe round trip per document, not a process start.
+
+Memory: every worker caps its own address space (``RLIMIT_AS``) at what it had
+when it started plus ``memory_mb``. A document that needs more gets a
+``MemoryError`` (reported, then the worker is replaced, since its heap may be
+fragmented) or, when the allocation fails in native code (the tokenizer is Rust,
+which aborts), the worker dies and the document is reported as out of memory.
+The size limit (``--max-bytes``) refuses big files before any of this; the cap is
+for the small file that explodes (deep nesting makes the parser copy lines once
+per level). A worker also exits when its parent goes away, so it never outlives
+the run and never keeps the output lock (an ``flock`` shared across ``fork``).
+
+The deadline covers reading, parsing, splitting and the schema check. Once a
+worker reports that it has begun writing, the deadline is pushed out by
+``WRITE_FACTOR`` x the limit: killing it between two renames would leave a
+document half old, half new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator, Sequence
+from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any
+
+from .errors import StageError
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from .runner import DocResult, Job
+
+#: Seconds a document may take before it is stopped (``--doc-timeout``; 0 = no limit).
+DEFAULT_DOC_TIMEOUT = 30.0
+#: Address space a worker may add, in MiB (``--doc-memory``; 0 = no limit). A legitimate
+#: document at the default size limit (20 MB) peaks near 1 GiB; this leaves room for that.
+DEFAULT_DOC_MEMORY_MB = 2048
+#: Once a worker is writing, its deadline is this many times the limit away.
+WRITE_FACTOR = 10
+_WRITING = "writing"
+
+
+def _reason(rel_path: str, problem: str, hint: str) -> str:
+    return str(StageError("guard", rel_path, problem, hint))
+
+
+def timeout_message(rel_path: str, seconds: float, *, writing: bool = False) -> str:
+    if writing:
+        return _reason(
+            rel_path,
+            f"took longer than {seconds:g} s writing its chunk files; stopped",
+            "check the output folder's disk; the next run re-checks this document",
+        )
+    return _reason(
+        rel_path,
+        f"took longer than {seconds:g} s; stopped",
+        "split or simplify the document (deep nesting, huge tables and very long lines are "
+        "the usual causes), or raise --doc-timeout",
+    )
+
+
+def memory_message(rel_path: str, memory_mb: int, how: str = "stopped") -> str:
+    return _reason(
+        rel_path,
+        f"needs more than {memory_mb:,} MiB of memory; {how}",
+        "split or simplify the document (deep nesting is the usual cause), or raise --doc-memory",
+    )
+
+
+def died_message(rel_path: str, exitcode: int | None, memory_mb: int) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            how = signal.Signals(-exitcode).name
+        except ValueError:
+            how = f"signal {-exitcode}"
+    else:
+        how = f"exit code {exitcode}"
+    if how in ("SIGKILL", "SIGABRT") and memory_mb:
+        return memory_message(rel_path, memory_mb, f"the worker died ({how})")
+    return _reason(
+        rel_path,
+        f"the worker process died ({how}) while chunking it",
+        "run it alone with --jobs 1 to see more; if it persists, report it with the file",
+    )
+
+
+def bug_message(rel_path: str, exc: BaseException) -> str:
+    """An exception no stage raises on purpose: a chunkyard bug, reported, not fatal to the run."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return _reason(
+        rel_path,
+        f"internal error {type(exc).__name__}{where}: {first}".rstrip(": "),
+        "this is a chunkyard bug; please report it with the file",
+    )
+
+
+# -- the worker side ------------------------------------------------------------------
+
+
+def _address_space() -> int:
+    """Bytes of address space this process has mapped now (Linux), else 0."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _cap_memory(memory_mb: int) -> None:
+    """``RLIMIT_AS`` = what the worker has now + ``memory_mb``; best effort where unsupported."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    base = _address_space()
+    if not base:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = base + memory_mb * 1024 * 1024
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        return  # someone set a tighter limit already: keep it
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker whose parent died exits (its copy of the output lock goes with it)."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
+    """Worker loop: a ``Job`` in, a ``DocResult`` out, until the pipe closes."""
+    from .runner import DocResult, process_document
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    if memory_mb:
+        _cap_memory(memory_mb)
+
+    def writing() -> None:
+        conn.send(_WRITING)
+
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        fatal = False
+        try:
+            result = process_document(job, before_write=writing)
+        except MemoryError:
+            result = DocResult(job.rel_path, error=memory_message(job.rel_path, memory_mb))
+            fatal = True  # the heap may be in pieces: let a fresh worker take over
+        except Exception as exc:  # noqa: BLE001 - a bug in one document must not stop the run
+            result = DocResult(job.rel_path, error=bug_message(job.rel_path, exc))
+        try:
+            conn.send(result)
+        except (OSError, ValueError):
+            return
+        if fatal:
+            return
+
+
+# -- the parent side ------------------------------------------------------------------
+
+
+class _Worker:
+    __slots__ = ("conn", "deadline", "index", "job", "proc", "writing")
+
+    def __init__(self, proc: BaseProcess, conn: Connection) -> None:
+        self.proc = proc
+        self.conn = conn
+        self.index = -1
+        self.job: Job | None = None
+        self.deadline = math.inf
+        self.writing = False
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+
+class GuardPool:
+    """Long-lived worker processes that chunk one document each at a time, under limits.
+
+    Args:
+        workers: how many documents may be chunked at once.
+        timeout: seconds a document may take (0 or less: no limit).
+        memory_mb: address space a worker may add, in MiB (0: no limit).
+    """
+
+    def __init__(self, workers: int, timeout: float, memory_mb: int) -> None:
+        self.size = max(1, workers)
+        self.timeout = timeout if timeout > 0 else math.inf
+        self.memory_mb = max(0, memory_mb)
+        self._ctx: Any = get_context("fork")  # children inherit the loaded tokenizer
+        self._idle: list[_Worker] = []
+
+    def _spawn(self) -> _Worker:
+        mine, theirs = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=_serve, args=(theirs, os.getpid(), self.memory_mb), name="chunkyard-worker", daemon=True
+        )
+        proc.start()
+        theirs.close()
+        return _Worker(proc, mine)
+
+    def _take(self) -> _Worker:
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.proc.is_alive():
+                return worker
+            worker.kill()
+        return self._spawn()
+
+    def run(self, jobs: Sequence[Job]) -> Iterator[DocResult]:
+        """Process ``jobs``; yield their results in the order of ``jobs``."""
+        pending = deque(enumerate(jobs))
+        busy: list[_Worker] = []
+        done: dict[int, DocResult] = {}
+        next_out = 0
+        try:
+            while next_out < len(jobs):
+                while pending and len(busy) < self.size:
+                    index, job = pending.popleft()
+                    worker = self._take()
+                    try:
+                        worker.conn.send(job)
+                    except OSError:  # it died while idle: a fresh one takes the job
+                        worker.kill()
+                        pending.appendleft((index, job))
+                        continue
+                    worker.index, worker.job, worker.writing = index, job, False
+                    worker.deadline = time.monotonic() + self.timeout
+                    busy.append(worker)
+                first = min(w.deadline for w in busy)
+                wait_for = None if first == math.inf else max(0.0, first - time.monotonic())
+                wait([x for w in busy for x in (w.conn, w.proc.sentinel)], wait_for)
+                now = time.monotonic()
+                for worker in list(busy):
+                    result = self._poll(worker, now)
+                    if result is None:
+                        continue
+                    busy.remove(worker)
+                    done[worker.index] = result
+                    worker.job, worker.deadline = None, math.inf
+                while next_out in done:
+                    yield done.pop(next_out)
+                    next_out += 1
+        finally:
+            for worker in busy:  # abandoned mid-run (an error, Ctrl-C): stop what they do
+                worker.kill()
+
+    def _poll(self, worker: _Worker, now: float) -> DocResult | None:
+        """The worker's result if it has one (or failed), else None; kills it at its deadline."""
+        from .runner import DocResult
+
+        job = worker.job
+        assert job is not None
+        try:
+            while worker.conn.poll():
+                msg = worker.conn.recv()
+                if msg == _WRITING:
+                    worker.writing = True
+                    worker.deadline = now + WRITE_FACTOR * self.timeout
+                    continue
+                self._idle.append(worker)
+                result: DocResult = msg
+                return result
+        except (EOFError, OSError):
+            pass  # it died: the sentinel tells how
+        if not worker.proc.is_alive():
+            worker.proc.join(1)
+            code = worker.proc.exitcode
+            worker.kill()
+            return DocResult(job.rel_path, error=died_message(job.rel_path, code, self.memory_mb))
+        if now >= worker.deadline:
+            worker.kill()
+            writing = worker.writing  # killed between two renames: the files may be half new
+            limit = self.timeout * (WRITE_FACTOR if writing else 1)
+            message = timeout_message(job.rel_path, limit, writing=writing)
+            return DocResult(job.rel_path, error=message, unsafe=writing)
+        return None
+
+    def close(self) -> None:
+        """Stop the idle workers (politely: they are waiting for a job)."""
+        idle, self._idle = self._idle, []
+        for worker in idle:
+            with contextlib.suppress(OSError, ValueError):
+                worker.conn.send(None)
+        for worker in idle:
+            worker.proc.join(2)
+            if worker.proc.is_alive():
+                worker.kill()
+            else:
+                worker.conn.close()

@@ -1,0 +1,369 @@
+"""Incremental runs (SPEC §5): manifest, minimal writes, stale files, change feed, one writer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.emit import stable_view
+from pipeline.ingest import Options, Session, Summary, ingest
+from pipeline.models import Policy
+from pipeline.state import FEED, INFLIGHT, MANIFEST, STATE_DIR
+
+POLICY = Policy(target_tokens=64, overlap_tokens=8)
+
+
+def section(n: int, paragraphs: int) -> str:
+    body = "\n\n".join(
+        f"Paragraph {i} of section {n} talks about topic {n}.{i} at some length, "
+        f"so that a few of them fill a chunk of sixty-four tokens or so, and then some more words."
+        for i in range(paragraphs)
+    )
+    return f"## Section {n}\n\n{body}\n"
+
+
+def make_corpus(root: Path) -> Path:
+    corpus = root / "corpus"
+    (corpus / "sub" / "deeper").mkdir(parents=True)
+    (corpus / "guide.md").write_text("# Guide\n\nIntro.\n\n" + "\n".join(section(n, 4) for n in range(1, 5)))
+    (corpus / "sub" / "notes.md").write_text("# Notes\n\n" + "\n".join(section(n, 2) for n in range(1, 4)))
+    (corpus / "sub" / "deeper" / "faq.md").write_text("# FAQ\n\n" + section(1, 3))
+    (corpus / "README.md").write_text("# Readme\n\nA short file.\n")
+    (corpus / "other.md").write_text("# Other\n\n" + section(1, 5))
+    past = time.time_ns() - 60 * 10**9  # older than the racy-stat window of the first run
+    for path in corpus.rglob("*.md"):
+        os.utime(path, ns=(past, past))
+    return corpus
+
+
+def run(corpus: Path, out: Path, **kw: Any) -> Summary:
+    return ingest(Options(corpus=corpus, out=out, policy=POLICY, jobs=1, **kw))
+
+
+def chunk_files(out: Path) -> dict[str, os.stat_result]:
+    return {
+        p.relative_to(out).as_posix(): p.stat()
+        for p in sorted(out.rglob("*.json"))
+        if STATE_DIR not in p.parts
+    }
+
+
+def stable(out: Path, rel: str) -> dict[str, Any]:
+    return stable_view(orjson.loads((out / rel).read_bytes()))
+
+
+def feed(out: Path) -> list[dict[str, Any]]:
+    path = out / STATE_DIR / FEED
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def manifest(out: Path) -> dict[str, Any]:
+    return orjson.loads((out / STATE_DIR / MANIFEST).read_bytes())
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[Path, Path]:
+    corpus = make_corpus(tmp_path)
+    out = tmp_path / "out"
+    summary = run(corpus, out)
+    assert not summary.failures and summary.written == summary.chunks > 10
+    time.sleep(0.01)
+    return corpus, out
+
+
+def test_manifest_describes_every_document(built: tuple[Path, Path]) -> None:
+    _, out = built
+    docs = manifest(out)["docs"]
+    assert set(docs) == {"guide.md", "sub/notes.md", "sub/deeper/faq.md", "README.md", "other.md"}
+    on_disk = set(chunk_files(out))
+    assert on_disk == {f for e in docs.values() for f in e["files"]}
+    for entry in docs.values():
+        assert {
+            "source_hash",
+            "size",
+            "mtime_ns",
+            "policy_hash",
+            "version",
+            "files",
+            "chunk_ids",
+            "hashes",
+        } <= set(entry)
+        for i, f in enumerate(entry["files"]):
+            rec = orjson.loads((out / f).read_bytes())
+            assert (rec["id"], rec["chunk_id"], rec["hash"]) == (
+                entry["ids"][i],
+                entry["chunk_ids"][i],
+                entry["hashes"][i],
+            )
+    assert not (out / STATE_DIR / INFLIGHT).exists()
+
+
+def test_unchanged_reingest_writes_nothing(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    before = chunk_files(out)
+    state = {p.name: p.stat() for p in (out / STATE_DIR).iterdir() if p.name != "lock"}
+    summary = run(corpus, out)
+    assert (summary.processed, summary.written, summary.removed, summary.skipped) == (0, 0, 0, 5)
+    after = chunk_files(out)
+    assert {k: (v.st_ino, v.st_mtime_ns) for k, v in after.items()} == {
+        k: (v.st_ino, v.st_mtime_ns) for k, v in before.items()
+    }
+    for p in (out / STATE_DIR).iterdir():  # not even the manifest or the feed is rewritten
+        if p.name != "lock":
+            assert (p.stat().st_ino, p.stat().st_mtime_ns) == (
+                state[p.name].st_ino,
+                state[p.name].st_mtime_ns,
+            )
+
+
+def test_touched_file_is_hashed_not_rechunked(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    os.utime(corpus / "guide.md", ns=(time.time_ns(), time.time_ns()))
+    summary = run(corpus, out)
+    assert (summary.processed, summary.written) == (0, 0)
+
+
+def test_one_paragraph_edit_rewrites_only_what_changed(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    before = chunk_files(out)
+    old = {rel: stable(out, rel) for rel in before}
+    n_feed = len(feed(out))
+    guide = corpus / "guide.md"
+    guide.write_text(guide.read_text().replace("topic 3.1 at some length", "topic 3.1 at great length"))
+    summary = run(corpus, out)
+    after = chunk_files(out)
+    assert set(after) == set(before)
+    rewritten = {
+        rel
+        for rel in after
+        if (after[rel].st_ino, after[rel].st_mtime_ns) != (before[rel].st_ino, before[rel].st_mtime_ns)
+    }
+    moved = {rel for rel in after if stable(out, rel) != old[rel]}
+    assert rewritten == moved  # a file is rewritten exactly when its content moved...
+    assert rewritten and all(rel.startswith("doc_guide__") for rel in rewritten)  # ...in that document only
+    assert summary.written == len(rewritten) and summary.processed == 1
+    events = feed(out)[n_feed:]
+    assert sorted(e["file"] for e in events) == sorted(rewritten)  # the feed lists exactly those
+    assert {e["event"] for e in events} == {"ingest.write"} and {e["change"] for e in events} == {"changed"}
+    # only text inside a section changed: every chunk_id survives (the outline-based r=)
+    assert [stable(out, rel)["chunk_id"] for rel in sorted(after)] == [
+        old[rel]["chunk_id"] for rel in sorted(after)
+    ]
+    for e in events:
+        assert {"schema_version", "event", "ts", "trace_id", "agent_id", "mem_rev", "mem_hash"} <= set(e)
+        assert e["trace_id"] == summary.run_id and e["mem_hash"] == e["hash"]
+
+
+def test_shrunk_document_loses_its_extra_files(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    n_before = len(manifest(out)["docs"]["guide.md"]["files"])
+    n_feed = len(feed(out))
+    (corpus / "guide.md").write_text("# Guide\n\nIntro.\n\n" + section(1, 4))
+    summary = run(corpus, out)
+    files = manifest(out)["docs"]["guide.md"]["files"]
+    assert len(files) < n_before
+    assert sorted(p.name for p in out.glob("doc_guide__ch*.json")) == sorted(files)
+    gone = {f"doc_guide__ch{n}.json" for n in range(len(files), n_before)}
+    deletes = [e for e in feed(out)[n_feed:] if e["event"] == "ingest.delete"]
+    assert {e["file"] for e in deletes} == gone and summary.removed == len(gone)
+    assert all(e["chunk_id"] and e["id"] and e["hash"] and e["source"] == "guide.md" for e in deletes)
+
+
+def test_deleted_and_renamed_documents_lose_their_files(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    (corpus / "sub" / "deeper" / "faq.md").unlink()
+    (corpus / "other.md").rename(corpus / "sub" / "moved.md")
+    run(corpus, out)
+    assert not (out / "sub" / "deeper").exists()  # emptied folders go too
+    assert not list(out.glob("doc_other__*.json"))
+    assert list((out / "sub").glob("doc_moved__*.json"))
+    assert set(chunk_files(out)) == {f for e in manifest(out)["docs"].values() for f in e["files"]}
+
+
+def test_full_rechunks_but_writes_only_what_changed(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    summary = run(corpus, out, full=True)
+    assert summary.processed == 5 and summary.written == 0
+    (out / "doc_README__ch0.json").unlink()  # damage a normal run does not look for
+    assert run(corpus, out).written == 0
+    summary = run(corpus, out, full=True)
+    assert summary.written == 1 and (out / "doc_README__ch0.json").exists()
+
+
+def test_policy_change_rechunks_everything(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    summary = ingest(
+        Options(corpus=corpus, out=out, policy=Policy(target_tokens=128, overlap_tokens=8), jobs=1)
+    )
+    assert summary.processed == 5 and summary.skipped == 0
+    assert set(chunk_files(out)) == {f for e in manifest(out)["docs"].values() for f in e["files"]}
+
+
+def test_orphans_and_temp_files_are_swept_after_a_crash(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    (out / "doc_ghost__ch0.json").write_text("{}")
+    (out / "sub" / ".doc_notes__ch0.json.123.tmp").write_text("half")
+    (out / STATE_DIR / INFLIGHT).write_text('{"run_id": "x", "docs": ["sub/notes.md"]}')  # a run died
+    n_feed = len(feed(out))
+    summary = run(corpus, out)
+    assert not (out / "doc_ghost__ch0.json").exists()
+    assert not list(out.rglob("*.tmp"))
+    assert not (out / STATE_DIR / INFLIGHT).exists()
+    assert summary.processed == 1 and summary.written == 0  # sub/notes.md re-checked, nothing to fix
+    assert [e["file"] for e in feed(out)[n_feed:]] == ["doc_ghost__ch0.json"]
+
+
+def test_subset_sync_touches_only_those_paths(built: tuple[Path, Path]) -> None:
+    """What ``watch`` does: ``Session.sync(paths)``; other documents are left alone."""
+    corpus, out = built
+    before = chunk_files(out)
+    (corpus / "guide.md").write_text("# Guide\n\nAll new.\n")
+    (corpus / "sub" / "notes.md").unlink()
+    (corpus / "other.md").write_text("# Other\n\nChanged, but not synced.\n")
+    with Session(Options(corpus=corpus, out=out, policy=POLICY, jobs=1)) as session:
+        summary = session.sync(["guide.md", "sub/notes.md"])
+        assert summary.processed == 1 and summary.removed > 0
+        docs = session.manifest["docs"]
+        assert "sub/notes.md" not in docs and docs["guide.md"]["files"] == ["doc_guide__ch0.json"]
+        summary = session.sync(["other.md"])
+        assert summary.processed == 1
+    after = chunk_files(out)
+    assert not [f for f in after if f.startswith("sub/doc_notes")]
+    for rel in ("README.md", "sub/deeper/faq.md"):
+        for f in manifest(out)["docs"][rel]["files"]:
+            assert (after[f].st_ino, after[f].st_mtime_ns) == (before[f].st_ino, before[f].st_mtime_ns)
+
+
+def test_feed_replay_reproduces_the_output(built: tuple[Path, Path]) -> None:
+    """A loader that tails the feed (upsert on write, delete on delete) ends with the output."""
+    corpus, out = built
+    (corpus / "guide.md").write_text(
+        (corpus / "guide.md").read_text().replace("## Section 2", "## Section two")
+    )
+    run(corpus, out)
+    (corpus / "sub" / "notes.md").rename(corpus / "notes.md")
+    (corpus / "new.md").write_text("# New\n\n" + section(7, 3))
+    run(corpus, out)
+    (corpus / "other.md").write_text("# Other\n\nShort now.\n")
+    run(corpus, out)
+    store: dict[str, tuple[str, str]] = {}
+    for e in feed(out):
+        if e["event"] == "ingest.write":
+            store[e["id"]] = (e["chunk_id"], e["hash"])
+        elif e["event"] == "ingest.delete":
+            store.pop(e["id"], None)
+    truth = {}
+    for rel in chunk_files(out):
+        rec = orjson.loads((out / rel).read_bytes())
+        truth[rec["id"]] = (rec["chunk_id"], rec["hash"])
+    assert store == truth
+
+
+def test_lazy_imports_on_an_unchanged_run(built: tuple[Path, Path]) -> None:
+    """A run with nothing to chunk loads neither the parser, nor the tokenizer, nor the schema."""
+    corpus, out = built
+    args = [sys.executable, "-X", "importtime", "-m", "pipeline", "ingest", str(corpus), "--out", str(out)]
+    proc = subprocess.run(
+        [*args, "-q", "--target-tokens", "64", "--overlap-tokens", "8"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert not {"mistletoe", "jsonschema", "tiktoken", "pipeline.runner"} & loaded
+
+
+# ---------------------------------------------------------------- one writer
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from pipeline.ingest import Options, Session
+with Session(Options(corpus=Path(sys.argv[1]), out=Path(sys.argv[2]))):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def chunkyard(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline", *args]
+
+
+ENV = {**os.environ, "COLUMNS": "300", "NO_COLOR": "1"}
+
+
+@pytest.fixture
+def holder(built: tuple[Path, Path]) -> Any:
+    corpus, out = built
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(corpus), str(out)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_no_wait_fails_fast_naming_the_holder(built: tuple[Path, Path], holder: Any) -> None:
+    corpus, out = built
+    started = time.monotonic()
+    proc = subprocess.run(
+        chunkyard("ingest", str(corpus), "--out", str(out), "--no-wait"),
+        capture_output=True,
+        text=True,
+        env=ENV,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert f"pid {holder.pid}" in flat(proc.stderr) and "locked" in proc.stderr
+    assert time.monotonic() - started < 10
+
+
+def test_second_writer_waits_for_the_first(built: tuple[Path, Path], holder: Any, tmp_path: Path) -> None:
+    corpus, out = built
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as fh:
+        waiter = subprocess.Popen(
+            chunkyard("ingest", str(corpus), "--out", str(out)), stderr=fh, stdout=subprocess.DEVNULL, env=ENV
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "waiting" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f"held by pid {holder.pid}" in flat(log.read_text())
+        time.sleep(0.3)
+        assert waiter.poll() is None  # still waiting
+        holder.send_signal(signal.SIGTERM)
+        assert waiter.wait(timeout=60) == 0
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
+def test_lock_of_a_killed_holder_is_taken_over(built: tuple[Path, Path], holder: Any) -> None:
+    corpus, out = built
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert f"pid {holder.pid}" in (out / STATE_DIR / "lock").read_text()  # its name is still written there
+    proc = subprocess.run(
+        chunkyard("ingest", str(corpus), "--out", str(out), "--no-wait", "-q"),
+        capture_output=True,
+        text=True,
+        env=ENV,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"pid {holder.pid}" not in (out / STATE_DIR / "lock").read_text()

@@ -1,0 +1,202 @@
+"""Stage mint: ids, addresses that survive edits, hashes, revisions, file names (SPEC §2, §3)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from blake3 import blake3
+from conftest import chunk_md
+
+from pipeline.mint import anchor, chunk_file, policy_hash
+from pipeline.models import Policy
+
+DOC = """# Guide
+
+Intro text for the guide.
+
+## Install
+
+Run the installer. It takes a minute.
+
+## Configure
+
+Edit the file. Then restart.
+
+### Advanced
+
+Tune the cache.
+"""
+CHUNK_ID = re.compile(
+    r"^(?P<doc>[^|\s]+)\|r=(?P<r>[0-9a-f]{8})\|s=(?P<s>0|[1-9]\d*(?:\.[1-9]\d*)*)\|p=000\|b=(?P<b>\d{3,})$"
+)
+
+
+def ids(text: str, rel: str = "guide.md", **kw) -> list[str]:
+    return [r["chunk_id"] for r in chunk_md(text, rel, **kw).records]
+
+
+def test_chunk_id_parts() -> None:
+    recs = chunk_md(DOC, "docs/guide.md").records
+    parts = [CHUNK_ID.match(r["chunk_id"]) for r in recs]
+    assert all(parts)
+    assert {p["doc"] for p in parts} == {"docs/guide"}  # type: ignore[index]
+    assert len({p["r"] for p in parts}) == 1  # type: ignore[index]
+    assert [p["s"] for p in parts] == ["1", "1.1", "1.2", "1.2.1"]  # type: ignore[index]
+    assert [r["section_id"] for r in recs] == ["1", "1.1", "1.2", "1.2.1"]
+
+
+def test_b_counts_pieces_within_the_section() -> None:
+    text = "## S\n\n" + "\n\n".join(f"Paragraph {i} " + "word " * 40 for i in range(6))
+    recs = chunk_md(text, "b.md", target_tokens=64, overlap_tokens=0).records
+    bs = [int(r["chunk_id"].rsplit("b=", 1)[1]) for r in recs]
+    assert bs == sorted(bs) and len(set(bs)) == len(bs) and bs[0] == 0
+    assert sorted(r["chunk_id"] for r in recs) == [r["chunk_id"] for r in recs]
+
+
+def test_r_survives_a_word_edit_and_rev_does_not() -> None:
+    before = chunk_md(DOC, "guide.md").records
+    after = chunk_md(DOC.replace("takes a minute", "takes two minutes"), "guide.md").records
+    assert [r["chunk_id"] for r in before] == [r["chunk_id"] for r in after]
+    assert before[0]["rev"] != after[0]["rev"]
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a["hash"] != b["hash"]]
+    assert changed == [1]
+
+
+def test_whitespace_only_edits_keep_rev() -> None:
+    a = chunk_md(DOC, "guide.md").records[0]["rev"]
+    b = chunk_md(DOC.replace("Intro text", "Intro    text"), "guide.md").records[0]["rev"]
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.replace("## Install", "## Installation"),
+        lambda t: t.replace("## Install", "### Install"),
+        lambda t: t + "\n## Appendix\n\nMore.\n",
+    ],
+    ids=["renamed", "moved", "added"],
+)
+def test_r_moves_when_the_outline_moves(edit) -> None:
+    r_before = {CHUNK_ID.match(c)["r"] for c in ids(DOC)}  # type: ignore[index]
+    r_after = {CHUNK_ID.match(c)["r"] for c in ids(edit(DOC))}  # type: ignore[index]
+    assert r_before != r_after
+
+
+def test_rev_width_widens_r() -> None:
+    from pipeline.runner import chunk_document
+
+    _doc, chunks = chunk_document(DOC.encode(), "g.md", Policy(), rev_width=12)
+    assert all(re.search(r"\|r=[0-9a-f]{12}\|", c.record["chunk_id"]) for c in chunks)
+
+
+@pytest.mark.parametrize(
+    ("front", "uid"),
+    [
+        ("doc_id: stable-id", "stable-id"),
+        ("doc_id: 'has space|pipe%'", "has%20space%7Cpipe%25"),
+        ("doc_id: 42", "42"),
+        ("doc_id: ''", "d/x"),
+        ("doc_id: [a]", "d/x"),
+    ],
+)
+def test_doc_uid(front: str, uid: str) -> None:
+    (rec,) = chunk_md(f"---\n{front}\n---\ntext\n", "d/x.md").records
+    assert rec["chunk_id"].split("|r=")[0] == uid
+    assert rec["id"] == "doc:d/x::ch0"  # the 002 id always follows the path
+
+
+def test_doc_uid_encodes_blanks_of_the_path() -> None:
+    assert ids("x\n", "my docs/a b\tc.md")[0].startswith("my%20docs/a%20b%09c|r=")
+
+
+def test_source_url_lang_and_title_from_front_matter() -> None:
+    text = "---\ntitle: T\nurl: https://u.example/x\nlang: ja\n---\n# H\n\nbody\n"
+    (rec,) = chunk_md(text, "f.md").records
+    assert (rec["source_url"], rec["metadata"]["lang"], rec["fileTitle"]) == (
+        "https://u.example/x",
+        "ja",
+        "T",
+    )
+    (rec,) = chunk_md("---\nsource_url: https://s\nurl: https://u\n---\nx\n", "f.md").records
+    assert rec["source_url"] == "https://s"
+    (rec,) = chunk_md("x\n", "dir/f.md", lang="de").records
+    assert (rec["source_url"], rec["metadata"]["lang"], rec["fileTitle"]) == ("dir/f.md", "de", "f")
+
+
+def test_embed_text_prefix() -> None:
+    recs = chunk_md(DOC, "guide.md").records
+    assert recs[3]["embedText"] == "Guide > Guide > Configure > Advanced\n\n### Advanced\n\nTune the cache."
+    assert recs[3]["headerBreadcrumb"] == "Guide > Configure > Advanced"  # never the file title
+    plain = chunk_md(DOC, "guide.md", context_prefix=False).records
+    assert all(r["embedText"] == r["originalText"] for r in plain)
+    assert plain[0]["metadata"]["analyzer"] != recs[0]["metadata"]["analyzer"]
+
+
+def test_a_long_breadcrumb_is_cut_to_a_quarter_of_the_target() -> None:
+    title = " ".join(["very long heading words"] * 40)
+    recs = chunk_md(f"# {title}\n\n## {title}\n\ntext\n", "l.md", target_tokens=64, overlap_tokens=0).records
+    for r in recs:
+        prefix = r["embedText"][: -len(r["originalText"])]
+        assert prefix.endswith("…\n\n")
+        assert r["tokenStats"]["tokens"] <= 64 or r["block_type"] == "heading"
+
+
+def test_hash_is_blake3_of_original_text() -> None:
+    for r in chunk_md(DOC, "guide.md").records:
+        assert r["hash"] == "blake3:" + blake3(r["originalText"].encode()).hexdigest()
+
+
+def test_policy_hash() -> None:
+    assert re.fullmatch(r"[0-9a-f]{16}", policy_hash(Policy()))
+    assert policy_hash(Policy()) == policy_hash(Policy())
+    others = [Policy(target_tokens=256), Policy(overlap_tokens=0), Policy(tokenizer="o200k_base"),
+              Policy(context_prefix=False), Policy(lang="fr")]  # fmt: skip
+    assert len({policy_hash(p) for p in [Policy(), *others]}) == 6
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("# Heading\n\nFirst sentence here. Second one.", "First sentence here."),
+        ("- **Bold** item with [a link](http://x) inside.", "Bold item with a link inside."),
+        ("```python\nprint('x')\n```", "print('x')"),
+        ("| a | b |\n|---|---|\n| 1 | 2 |", "a | b |"),
+        ("# Only a heading", "Only a heading"),
+        ("日本語の文です。二つ目の文。", "日本語の文です。"),
+        ("x" * 500, "x" * 200),
+    ],
+)
+def test_anchor(text: str, want: str) -> None:
+    assert anchor(text) == want
+
+
+def test_chunk_file_names() -> None:
+    assert chunk_file("a/b/README", 3) == "a/b/doc_README__ch3.json"
+    assert chunk_file("!", 0) == "doc_!__ch0.json"
+    long_a, long_b = chunk_file("d/" + "x" * 300 + "1", 0), chunk_file("d/" + "x" * 300 + "2", 0)
+    assert long_a != long_b
+    assert all(len(n.rsplit("/", 1)[1].encode()) <= 255 for n in (long_a, long_b))
+    assert long_a.endswith("__ch0.json") and long_a.startswith("d/doc_")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        DOC,
+        "日本語の文です。二つ目の文。中文句子通常以句号结尾。",
+        "Emoji 🎉 and accents: déjà vu, naïve café.",
+        "def f(x):\n    return x * 2  # code\n",
+    ],
+)
+def test_estimated_tokens_err_high(text: str) -> None:
+    for r in chunk_md(text, "e.md").records:
+        assert r["tokenStats"]["estimatedTokens"] >= r["tokenStats"]["tokens"]
+
+
+@pytest.mark.xfail(strict=True, reason="the 1-token-per-3-ASCII-chars estimate runs low on dense LaTeX/hex")
+def test_estimated_tokens_err_high_on_dense_ascii() -> None:
+    text = "$$\n" + " + ".join(f"\\alpha_{{{i}}}^{{{i * 7}}}" for i in range(40)) + "\n$$\n\n0x" + "9f3a" * 40
+    for r in chunk_md(text, "e.md").records:
+        assert r["tokenStats"]["estimatedTokens"] >= r["tokenStats"]["tokens"]
