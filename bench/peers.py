@@ -33,7 +33,7 @@ from pathlib import Path
 
 
 def _mistletoe(target: int) -> Callable[[str], int]:
-    from mistletoe import Document
+    from mistletoe.block_token import Document
 
     def run(text: str) -> int:
         Document(text)

@@ -263,9 +263,7 @@ def stage_table(rows: list[dict[str, Any]]) -> str:
             cells.append(f"{s:.2f} s ({100 * s / total:.0f} %)")
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
     lines.append(
-        "| total in workers | "
-        + " | ".join(f"{sum(r['stage_seconds'].values()):.2f} s" for r in ours)
-        + " |"
+        "| total in workers | " + " | ".join(f"{sum(r['stage_seconds'].values()):.2f} s" for r in ours) + " |"
     )
     lines.append(
         "| wall, in-process / whole | "
@@ -292,10 +290,24 @@ def ratios(rows: list[dict[str, Any]], mb: float, cores: int) -> list[dict[str, 
             out.append({"ratio": name, "value": value, "cpu_value": cpu, "goal": goal, "met": value >= goal})
     peak = max((r["rss_mb"] for r in rows if r["tool"].startswith("chunkyard")), default=0.0)
     pss = max((r["pss_mb"] or 0.0 for r in rows if r["tool"].startswith("chunkyard")), default=0.0)
-    out.append({"ratio": "peak RSS of any chunkyard process, MB", "value": peak, "goal": RSS_GOAL_MB,
-                "met": peak < RSS_GOAL_MB, "below": True})
-    out.append({"ratio": "peak tree PSS of a chunkyard run, MB", "value": pss, "goal": RSS_GOAL_MB,
-                "met": pss < RSS_GOAL_MB, "below": True})
+    out.append(
+        {
+            "ratio": "peak RSS of any chunkyard process, MB",
+            "value": peak,
+            "goal": RSS_GOAL_MB,
+            "met": peak < RSS_GOAL_MB,
+            "below": True,
+        }
+    )
+    out.append(
+        {
+            "ratio": "peak tree PSS of a chunkyard run, MB",
+            "value": pss,
+            "goal": RSS_GOAL_MB,
+            "met": pss < RSS_GOAL_MB,
+            "below": True,
+        }
+    )
     return out
 
 
@@ -308,6 +320,14 @@ def main() -> None:
     ap.add_argument("--jobs", default=",".join(map(str, sorted({1, 2, cores}))))
     ap.add_argument("--no-peers", action="store_true", help="chunkyard only")
     ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument(
+        "--scratch",
+        type=Path,
+        default=HERE / "results",
+        help="where the linked corpus and the fresh output folders go (default: beside the results, "
+        "on the file system a real chunks/ folder would be on; on this VM new folders right under "
+        "/tmp create files ~10x slower)",
+    )
     args = ap.parse_args()
 
     if args.corpora == "all":
@@ -324,7 +344,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="chunkyard-bench-") as tmp:
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="chunkyard-bench-", dir=args.scratch) as tmp:
         scratch = Path(tmp)
         corpus = scratch / "corpus"
         corpus.mkdir()
@@ -341,9 +362,11 @@ def main() -> None:
 
     report = [
         f"\n## chunkyard bench: {', '.join(names)} ({len(files)} documents, {mb:.2f} MB)",
-        f"{platform.platform()}, Python {platform.python_version()}, {cores} cores; "
-        f"medians of {args.runs} runs after a warm-up; load average {load_before:.1f} before, "
-        f"{os.getloadavg()[0]:.1f} after (other work on the machine slows wall times, not CPU seconds)\n",
+        (
+            f"{platform.platform()}, Python {platform.python_version()}, {cores} cores; "
+            f"medians of {args.runs} runs after a warm-up; load average {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after (other work on the machine slows wall times, not CPU seconds)\n"
+        ),
         table(rows, mb),
         "\nTime per stage, summed over worker processes (median run):\n",
         stage_table(rows),

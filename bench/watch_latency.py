@@ -1,7 +1,7 @@
 """Watch latency (SPEC §6): save of a document → its chunk files current.
 
     python bench/watch_latency.py [--saves 60] [--corpus fastapi-en | none | PATH]
-                                  [--debounce-ms 50] [--polling] [--profile]
+                                  [--debounce-ms 50] [--polling] [--profile] [--small-only]
 
 A ``Watcher`` runs on a temp copy of a real corpus (default ``fastapi-en`` from
 ``../shared/corpora``: 155 documents, so the manifest has a realistic size; ``none``
@@ -309,6 +309,7 @@ def main() -> int:
     ap.add_argument("--debounce-ms", type=float, default=50.0)
     ap.add_argument("--polling", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--small-only", action="store_true", help="skip the ~700 KB document (quick runs)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
@@ -342,7 +343,8 @@ def main() -> int:
             first = time.perf_counter() - started
             manifest_kb = (root / "chunks/.chunkyard/manifest.json").stat().st_size / 1024
             results = [
-                measure(root, rel, args.saves, watcher, reports, lock) for rel in (small_rel, large_rel)
+                measure(root, rel, args.saves, watcher, reports, lock)
+                for rel in ((small_rel,) if args.small_only else (small_rel, large_rel))
             ]
         print(
             f"\n## chunkyard watch latency: save → chunk file current ({args.saves} saves each, "
@@ -386,7 +388,7 @@ def main() -> int:
                 + "\n"
             )
         if args.profile:
-            profile(root, [small_rel, large_rel])
+            profile(root, [small_rel] if args.small_only else [small_rel, large_rel])
     return 0
 
 

@@ -319,6 +319,8 @@ class Session:
         gone = sorted(rel for rel in considered if rel in old_docs and rel not in present)
         sweep = paths is None and (opts.full or self.sweep_due)
         touched = {j.rel_path for j in jobs} | set(gone)
+        if sweep:  # in-flight documents that are gone and were never in the manifest: the sweep
+            touched |= self.recovering - present - old_docs.keys()  # removes their orphans
         if touched or sweep:
             try:  # before the first chunk file is touched (crash safety)
                 save_inflight(opts.out, run.run_id, touched | self.recovering)

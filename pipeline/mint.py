@@ -113,6 +113,9 @@ def mint(
 
     lines = Lines(doc.text)
     chunks = []
+    widths: dict[str, int] = {}  # b= is 3 digits, wider for a whole section past 999 pieces
+    for d in drafts:
+        widths[d.section.path] = max(widths.get(d.section.path, 3), len(str(d.first_piece)))
     for n, d in enumerate(drafts):
         sect = d.section
         start, end = d.start, d.end
@@ -136,7 +139,7 @@ def mint(
             "nextId": f"doc:{name}::ch{n + 1}" if n + 1 < total else None,
             "chunkNumber": n,
             "contentType": "doc",
-            "chunk_id": f"{uid}|r={outline_hash}|s={sect.path}|p=000|b={d.first_piece:03d}",
+            "chunk_id": f"{uid}|r={outline_hash}|s={sect.path}|p=000|b={d.first_piece:0{widths[sect.path]}d}",
             "section_id": sect.path,
             "block_type": d.block_type,
             "fileTitle": title,

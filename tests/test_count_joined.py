@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 from pipeline.tokens import TOKENIZERS, Counter, cut_at, get_encoding
 
-ALPHABET = list("aZé9 \t\n\n\n./'s|`#-*>)…") + ["\u0301", "\u3000", "\x1c", "\u00a0", "文", "’", "//", "\n  ", "ll"]
+ALPHABET = [
+    *"aZé9 \t\n\n\n./'s|`#-*>)…",
+    *("\u0301", "\u3000", "\x1c", "\u00a0", "文", "’", "//", "\n  ", "ll"),
+]
 texts = st.lists(st.sampled_from(ALPHABET), max_size=40).map("".join)
 gaps = st.sampled_from(["\n", "\n\n", "\n\n\n", " \n\n", "\n \n", "\t\n", "\n>\n", "", " "])
 

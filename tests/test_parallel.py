@@ -14,12 +14,11 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import SAMPLE_CORPUS, stable_bytes
 
 from pipeline.ingest import Options, ingest
 from pipeline.models import Policy
 from pipeline.runner import Job, process_document
-
-from conftest import SAMPLE_CORPUS, stable_bytes
 
 #: Manifest fields that must not depend on the number of workers.
 DOC_KEYS = ("source_hash", "size", "files", "ids", "chunk_ids", "hashes", "tokens", "uid_rev")

@@ -70,7 +70,7 @@ table = st.builds(
     ),
     st.integers(1, 4),
     st.lists(st.lists(words.map(lambda w: w.replace("|", "/")), min_size=1, max_size=4), max_size=40),
-)
+).map(lambda t: t + "\n")  # a blank line after: GFM lets a table swallow the next line (see below)
 item = st.one_of(words, paragraph())
 bullet = st.lists(
     st.tuples(st.sampled_from(["- ", "* ", "1. "]), item, st.booleans()), min_size=1, max_size=20
@@ -241,6 +241,18 @@ def test_pipe_line_over_dashes_is_a_setext_heading_as_in_gfm() -> None:
     heads = [h for h, _ in outline(result.text).headings]
     assert heads == [8]
     assert list(invariant_errors(result, heads)) == []
+
+
+@pytest.mark.xfail(
+    strict=True, reason="GFM continues a table with the next pipe-less line; mistletoe does not"
+)
+def test_line_right_after_a_table_belongs_to_it_as_in_gfm() -> None:
+    """Known parser disagreement, kept out of the random documents above (a blank line after tables)."""
+    result = chunk_md("## A\n\n| h |\n|---|\n| 1 |\nTitle\n===\n\nText.\n", "t.md")
+    seen = outline(result.text)
+    assert [h for h, _ in seen.headings] == [0]
+    for r in result.records:
+        assert r["headerDepths"] == seen.depths_at(r["charOffsets"]["charStart"])
 
 
 @pytest.mark.parametrize("target", [16, 64, 512])
