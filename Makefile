@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 CORPUS ?= corpus
 OUT    ?= chunks
 
-.PHONY: install ingest test lint bench fuzz watch clean
+.PHONY: install ingest test lint bench bench-watch fuzz watch clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ lint: $(STAMP)
 
 bench: $(STAMP) ## throughput against the splitters people use (pip install -e '.[bench]' for the peers)
 	$(BIN)/python bench/run.py
+
+bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and a 700 KB document
+	$(BIN)/python bench/watch_latency.py
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py

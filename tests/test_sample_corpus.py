@@ -82,3 +82,11 @@ def test_invariants_hold_with_the_independent_headings(sample_out: Path, checker
         result = chunk_md(src.read_bytes(), src.relative_to(SAMPLE_CORPUS).as_posix())
         heads = [h for h, _ in checker.Outline(result.text).headings]
         assert list(invariant_errors(result, heads)) == [], src.name
+
+
+def test_golden_records_match_the_schema(validate_schema) -> None:
+    """The golden file and the schema never drift: its records, volatile fields put back, validate."""
+    for rel, rec in json.loads(GOLDEN.read_text(encoding="utf-8")).items():
+        rec["metadata"]["processedAt"] = "2024-01-01T00:00:00Z"
+        rec["metadata"]["pipeline"]["processingTimeMs"] = 0.5
+        assert validate_schema(rec) == [], rel
