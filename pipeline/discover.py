@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +36,22 @@ def excluded(rel_path: str, patterns: tuple[str, ...]) -> bool:
 
 
 def discover(
-    root: Path, out: Path | None = None, exclude: tuple[str, ...] = ()
+    root: Path,
+    out: Path | None = None,
+    exclude: tuple[str, ...] = (),
+    *,
+    unreadable: list[str] | None = None,
 ) -> tuple[list[Found], list[str]]:
     """Every document under ``root``, sorted by relative path, and the folders it could not read.
 
     Symlinks to files are followed; symlinked folders are followed once, never
-    into a loop; ``.git`` folders and the output folder are skipped.
+    into a loop; ``.git`` folders and the output folder are skipped. A name that is
+    not valid UTF-8 is reported and skipped (no output could name it). The walk
+    keeps its own stack, so no folder depth can exhaust Python's.
+
+    Args:
+        unreadable: if given, the relative paths of folders that could not be listed
+            are appended to it (their documents are unknown, not deleted).
     """
     problems: list[str] = []
     root = root.resolve()
@@ -63,7 +74,10 @@ def discover(
             problems.append(
                 f"{rel or '.'}/: read: cannot list folder ({exc.strerror}) (hint: make it readable)"
             )
+            if unreadable is not None:
+                unreadable.append(rel)
             return
+        subfolders: list[tuple[Path, str]] = []
         for entry in entries:
             rel_path = f"{rel}/{entry.name}" if rel else entry.name
             try:
@@ -71,19 +85,65 @@ def discover(
                 is_file = entry.is_file(follow_symlinks=True)
             except OSError:
                 continue
+            if not _utf8(entry.name):
+                if (is_dir and entry.name not in SKIP_DIRS) or (is_file and is_document(entry.name)):
+                    shown = os.fsencode(rel_path).decode("utf-8", "backslashreplace")
+                    problems.append(
+                        f"{shown}: read: the name is not valid UTF-8, skipped (hint: rename it to UTF-8)"
+                    )
+                continue
             if is_dir:
                 if entry.name in SKIP_DIRS or excluded(rel_path, exclude):
                     continue
                 sub = Path(entry.path)
                 if out_real is not None and sub.resolve() == out_real:
                     continue
-                walk(sub, rel_path)
+                subfolders.append((sub, rel_path))
             elif is_file and is_document(entry.name) and not excluded(rel_path, exclude):
                 found.append(Found(entry.path, rel_path))
+        stack.extend(reversed(subfolders))  # depth first, in name order, as a recursion would
 
-    walk(root, "")
+    stack: list[tuple[Path, str]] = [(root, "")]
+    while stack:
+        walk(*stack.pop())
     found.sort(key=lambda f: f.rel_path)
     return found, problems
+
+
+def walk(top: str | os.PathLike[str]) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` without recursion: top-down, in the same order, pruned by editing the
+    folder list, symlinked folders listed but not entered. Python 3.11's ``os.walk`` recurses
+    once per level, so a deep enough tree raises ``RecursionError``.
+    """
+    stack = [os.fspath(top)]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        dirs: list[str] = []
+        files: list[str] = []
+        links: set[str] = set()
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+                if is_dir and entry.is_symlink():
+                    links.add(entry.name)
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(entry.name)
+        yield folder, dirs, files
+        stack.extend(os.path.join(folder, d) for d in reversed(dirs) if d not in links)
+
+
+def _utf8(name: str) -> bool:
+    """False for a name with bytes that are not UTF-8 (``os`` hands them over as surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def find_one(
@@ -93,6 +153,8 @@ def find_one(
     parts = rel_path.split("/")
     if not is_document(parts[-1]) or excluded(rel_path, exclude) or SKIP_DIRS.intersection(parts[:-1]):
         return None
+    if not _utf8(rel_path):
+        return None  # discover reports it
     path = root / rel_path
     if out is not None:
         try:

@@ -95,17 +95,29 @@ def stable_digest(record: dict[str, Any]) -> str:
 _MADE_DIRS: set[Path] = set()
 
 
+def _make_dirs(folder: Path) -> None:
+    """``mkdir -p`` without recursion (``Path.mkdir(parents=True)`` recurses once per level)."""
+    missing: list[Path] = []
+    while not folder.is_dir():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for path in reversed(missing):
+        path.mkdir(exist_ok=True)
+
+
 def _write_temp(path: Path, data: bytes) -> Path:
     """``data`` in a hidden temp file beside ``path``; nothing left behind if that fails."""
     if path.parent not in _MADE_DIRS:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(path.parent)
         _MADE_DIRS.add(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         try:
             fh = open(tmp, "wb")  # noqa: SIM115
         except FileNotFoundError:  # the folder went since we made it (a removed document)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(path.parent)
             fh = open(tmp, "wb")  # noqa: SIM115
         with fh:
             fh.write(data)

@@ -13,7 +13,7 @@ import orjson
 import xxhash
 
 from . import __version__
-from .discover import Found, discover, find_one
+from .discover import Found, discover, find_one, walk
 from .errors import UsageError
 from .guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from .mint import policy_hash
@@ -141,6 +141,32 @@ def _fresh(found: Found, entry: dict[str, Any] | None, p_hash: str, since: float
     except OSError:
         return None
     return {**entry, "mtime_ns": st.st_mtime_ns} if same else None
+
+
+def _files_missing(out: Path, entry: dict[str, Any] | None) -> bool:
+    """True when a chunk file the manifest lists is gone: the next run puts it back."""
+    return bool(entry) and not all(os.path.exists(out / f) for f in entry.get("files", ()))  # type: ignore[union-attr]
+
+
+def _drop_name_clashes(found: list[Found], others: dict[str, Any], summary: Summary) -> list[Found]:
+    """``a.md`` and ``a.markdown`` would write the same chunk files: keep the first, report the rest.
+
+    ``others`` are the documents this sync leaves as they are; their names are taken.
+    """
+    mine = {f.rel_path for f in found}
+    owners = {rel.rsplit(".", 1)[0]: rel for rel in others if rel not in mine}
+    kept: list[Found] = []
+    for f in found:
+        name = f.rel_path.rsplit(".", 1)[0]
+        if name in owners:
+            summary.failures.append(
+                f"{f.rel_path}: discover: its chunk files would be those of {owners[name]} "
+                f"(both are doc_{name.rsplit('/', 1)[-1]}) (hint: rename one of them, or --exclude it)"
+            )
+            continue
+        owners[name] = f.rel_path
+        kept.append(f)
+    return kept
 
 
 def _results(jobs: list[Job], workers: int) -> Iterator[DocResult]:
@@ -294,21 +320,26 @@ class Session:
         started = time.perf_counter()
         since = float(self.manifest.get("written_at_epoch", 0.0))
         if paths is None:
-            found, problems = discover(opts.corpus, opts.out, opts.exclude)
+            blind: list[str] = []  # folders it could not list: their documents keep their chunks
+            found, problems = discover(opts.corpus, opts.out, opts.exclude, unreadable=blind)
             summary.failures.extend(problems)
             considered = set(old_docs) | {f.rel_path for f in found}
+            hidden = {rel for rel in old_docs if any(not b or rel.startswith(b + "/") for b in blind)}
+            considered -= hidden
+            run.new_docs.update((rel, old_docs[rel]) for rel in hidden)
         else:
             wanted = sorted(set(paths))
             found = [f for f in (find_one(opts.corpus, rel, opts.out, opts.exclude) for rel in wanted) if f]
             considered = set(wanted)
             run.new_docs = {rel: e for rel, e in old_docs.items() if rel not in considered}
         new_docs = run.new_docs
+        found = _drop_name_clashes(found, new_docs, summary)
         summary.documents = len(found)
         processed_at = now_iso()
         jobs: list[Job] = []
         for f in found:
             entry = old_docs.get(f.rel_path)
-            forced = opts.full or f.rel_path in self.recovering
+            forced = opts.full or f.rel_path in self.recovering or _files_missing(opts.out, entry)
             fresh = None if forced else _fresh(f, entry, self.p_hash, since)
             if fresh is not None:
                 new_docs[f.rel_path] = fresh
@@ -642,7 +673,7 @@ def _describe(path: Path) -> tuple[str, str, str, str] | None:
 
 def _orphans(out: Path, keep: set[str]) -> Iterator[str]:
     """Chunk files and temp files under ``out`` that no manifest entry claims."""
-    for dirpath, dirnames, filenames in os.walk(out):
+    for dirpath, dirnames, filenames in walk(out):  # not os.walk: it recurses per level
         dirnames[:] = [d for d in dirnames if d != STATE_DIR]
         rel_dir = os.path.relpath(dirpath, out).replace(os.sep, "/")
         for name in filenames:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,12 @@ from .errors import StageError
 from .models import SourceDoc
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+#: Bounds on parsed front matter: values in all (after YAML aliases), and nesting.
+_FRONT_MATTER_VALUES = 100_000
+_FRONT_MATTER_DEPTH = 64
+_C_YAML_MARKS = 2000
+#: ``---`` or ``+++`` on line 1 and a ``key:`` / ``key =`` line next, never closed.
+_UNCLOSED_FRONT_MATTER = re.compile(r"(?:---\n[ \t]*[\w\"'-]+[ \t]*:|\+\+\+\n[ \t]*[\w\"'.-]+[ \t]*=)")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -97,7 +104,12 @@ def parse_front_matter(block: str, kind: str) -> dict[str, Any]:
     """Parse the inside of a front matter block; raise ValueError if it is not valid."""
     if kind == "toml":
         return tomllib.loads(block)
-    data = yaml.load(block, Loader=_YAML_LOADER)  # a safe loader, in C when available
+    # libyaml recurses in C and overflows the stack (a crash, not an error) on nesting
+    # some 20 000 deep; nesting needs one of these marks per level, so a block with
+    # fewer is safe for it, and a block with more gets the Python loader (RecursionError).
+    marks = sum(map(block.count, "[{-?:\n"))
+    loader = _YAML_LOADER if marks <= _C_YAML_MARKS else yaml.SafeLoader
+    data = yaml.load(block, Loader=loader)  # a safe loader, in C when it is safe
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -118,24 +130,42 @@ def normalize(raw: bytes, rel_path: str) -> SourceDoc:
         inner = text[first_nl + 1 : end]
         inner = inner[: inner.rstrip("\n").rfind("\n") + 1]  # drop the closing fence line
         try:
-            front = _jsonable(parse_front_matter(inner, kind))
-        except (ValueError, TypeError, yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+            front = _jsonable(parse_front_matter(inner, kind), [_FRONT_MATTER_VALUES])
+        except (ValueError, TypeError, RecursionError, yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if isinstance(exc, RecursionError):
+                problem = "nested too deep"
             warnings.append(
                 f"{posix}:line 1: front matter is not valid {kind.upper()} ({problem}); "
                 "chunked without it (hint: fix the front matter syntax)"
             )
+    elif _UNCLOSED_FRONT_MATTER.match(text):
+        warnings.append(
+            f"{posix}:line 1: front matter is never closed; read as Markdown "
+            "(hint: close it with a line of --- or +++, or remove its first line)"
+        )
     return SourceDoc(posix, doc_name, text, end, front, tuple(warnings))
 
 
-def _jsonable(value: Any) -> Any:
-    """Front matter as plain JSON values (YAML dates and TOML datetimes become strings)."""
+def _jsonable(value: Any, budget: list[int], depth: int = 0) -> Any:
+    """Front matter as plain JSON values (YAML dates and TOML datetimes become strings).
+
+    ``budget`` holds how many more values may be made: YAML aliases can make a small
+    block expand exponentially ("billion laughs"), and each chunk record carries a copy.
+    """
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError(f"it expands to more than {_FRONT_MATTER_VALUES:,} values (YAML aliases?)")
+    if depth > _FRONT_MATTER_DEPTH:
+        raise ValueError(f"it is nested deeper than {_FRONT_MATTER_DEPTH} levels")
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, budget, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple | set):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, budget, depth + 1) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):  # NaN and infinities are not JSON
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return str(value)  # beyond what JSON tools read as an integer
     if value is None or isinstance(value, bool | int | float | str):
-        if isinstance(value, float) and math.isnan(value):  # NaN is not JSON
-            return None
         return value
     return str(value)

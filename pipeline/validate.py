@@ -22,7 +22,7 @@ import xxhash
 from blake3 import blake3
 
 from .chunkstore import ChunkStore, doc_name_of, open_store
-from .discover import discover
+from .discover import discover, walk
 from .emit import fast_validator, stable_view, validator
 from .errors import PipelineError
 from .mint import chunk_file, policy_hash, text_rev
@@ -612,7 +612,7 @@ def validate(
 
 def _check_stale(store: ChunkStore, listed: set[str], report: Report) -> Iterator[tuple[str, str, str]]:
     """Files under the output that no manifest entry lists; yields their keys for the duplicate check."""
-    for dirpath, dirnames, filenames in os.walk(store.out):
+    for dirpath, dirnames, filenames in walk(store.out):  # not os.walk: it recurses per level
         dirnames[:] = sorted(d for d in dirnames if d != STATE_DIR)
         rel_dir = os.path.relpath(dirpath, store.out).replace(os.sep, "/")
         for name in sorted(filenames):

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.corpora
 NAMES = sorted(p.name for p in CORPORA.iterdir() if p.is_dir()) if CORPORA.is_dir() else []
 #: python-jsonschema is slow (~3 ms a record): it checks every Nth file; the pipeline itself
 #: checks every record with jsonschema-rs before writing it.
-SCHEMA_SAMPLE = 15
+SCHEMA_SAMPLE = 40
 
 
 @dataclass

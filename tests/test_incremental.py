@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 import signal
 import subprocess
@@ -192,10 +194,16 @@ def test_full_rechunks_but_writes_only_what_changed(built: tuple[Path, Path]) ->
     corpus, out = built
     summary = run(corpus, out, full=True)
     assert summary.processed == 5 and summary.written == 0
-    (out / "doc_README__ch0.json").unlink()  # damage a normal run does not look for
+    (out / "doc_README__ch0.json").unlink()  # a missing file: a normal run puts it back
+    summary = run(corpus, out)
+    assert summary.written == 1 and (out / "doc_README__ch0.json").exists()
+    damaged = out / "doc_README__ch0.json"
+    good = damaged.read_bytes()
+    damaged.write_bytes(b"{}")  # damage a normal run does not look for (validate does)
     assert run(corpus, out).written == 0
     summary = run(corpus, out, full=True)
-    assert summary.written == 1 and (out / "doc_README__ch0.json").exists()
+    assert summary.written == 1 and damaged.read_bytes() != b"{}"
+    assert json.loads(damaged.read_bytes())["hash"] == json.loads(good)["hash"]
 
 
 def test_policy_change_rechunks_everything(built: tuple[Path, Path]) -> None:
@@ -367,3 +375,19 @@ def test_lock_of_a_killed_holder_is_taken_over(built: tuple[Path, Path], holder:
     )
     assert proc.returncode == 0, proc.stderr
     assert f"pid {holder.pid}" not in (out / STATE_DIR / "lock").read_text()
+
+
+def test_two_sources_with_one_doc_name_are_reported_not_merged(tmp_path: Path) -> None:
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    (corpus / "a.markdown").write_text("# From markdown\n\nfirst\n")
+    (corpus / "a.md").write_text("# From md\n\nsecond\n")
+    summary = run(corpus, out)
+    assert summary.exit_code == 1
+    assert any("a.md" in f and "a.markdown" in f for f in summary.failures)
+    record = json.loads((out / "doc_a__ch0.json").read_bytes())
+    assert record["metadata"]["sourceFile"] == "a.markdown"  # the first, by path order, keeps the name
+    (corpus / "a.markdown").unlink()
+    summary = run(corpus, out)  # the clash is gone: a.md gets the name
+    assert summary.exit_code == 0
+    assert json.loads((out / "doc_a__ch0.json").read_bytes())["metadata"]["sourceFile"] == "a.md"
