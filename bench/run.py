@@ -176,6 +176,7 @@ def bench_chunkyard(corpus: Path, jobs: int, runs: int, scratch: Path) -> dict[s
         cmd += ["--full", "--jobs", str(jobs), "--json", "--quiet"]
         timed = run_timed(cmd, sample=True)
         shutil.rmtree(out)
+        os.sync()  # this run's deletes (and the discards they cause) must not bill the next run
         summary = json.loads(timed.stdout)
         if summary["failed"]:
             print(f"  warning: {summary['failed']} documents failed", file=sys.stderr)

@@ -39,6 +39,9 @@ class HtmlBlock(block_token.HtmlBlock):
 
 block_token.add_token(HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (SPEC §4 rule 2)
 
+#: A heading longer than this keeps its markup in its title: mistletoe's inline parser is
+#: quadratic on some input (``[x](`` repeated: 12 000 chars take 5 s).
+_INLINE_TITLE_CHARS = 1000
 #: Beyond this depth a container is kept as one leaf instead of being descended into.
 MAX_DEPTH = 48
 mdlimits.install(MAX_DEPTH + 2)  # below that, mistletoe does not even parse (hostile nesting)
@@ -251,7 +254,7 @@ def _block(
 def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
     raw = "".join(getattr(c, "content", "") for c in (tok.children or ()))
-    if any(ch in raw for ch in "*_`[<\\!~&"):
+    if len(raw) <= _INLINE_TITLE_CHARS and any(ch in raw for ch in "*_`[<\\!~&"):
         saved = list(span_token._token_types)
         span_token.add_token(span_token.HtmlSpan)  # type: ignore[no-untyped-call] # so _plain drops tags
         try:

@@ -51,7 +51,7 @@ def load_manifest(out: Path) -> dict[str, Any]:
 
 def save_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """Written last, atomically: the manifest never describes files that are not there."""
-    data = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    data = orjson.dumps(manifest)  # compact: it is rewritten on every sync that changes something
     write_atomic(state_dir(out) / MANIFEST, data + b"\n")
 
 
