@@ -55,7 +55,11 @@ def discover(
     """
     problems: list[str] = []
     root = root.resolve()
-    out_real = out.resolve() if out is not None else None
+    try:  # the output folder is known by its (device, inode); resolving each folder's path
+        out_st = os.stat(out) if out is not None else None  # would cost depth² lstat calls
+    except OSError:
+        out_st = None
+    out_key = (out_st.st_dev, out_st.st_ino) if out_st is not None else None
     seen_dirs: set[tuple[int, int]] = set()
     found: list[Found] = []
 
@@ -96,7 +100,7 @@ def discover(
                 if entry.name in SKIP_DIRS or excluded(rel_path, exclude):
                     continue
                 sub = Path(entry.path)
-                if out_real is not None and sub.resolve() == out_real:
+                if out_key is not None and _key(sub) == out_key:
                     continue
                 subfolders.append((sub, rel_path))
             elif is_file and is_document(entry.name) and not excluded(rel_path, exclude):
@@ -135,6 +139,14 @@ def walk(top: str | os.PathLike[str]) -> Iterator[tuple[str, list[str], list[str
             (dirs if is_dir else files).append(entry.name)
         yield folder, dirs, files
         stack.extend(os.path.join(folder, d) for d in reversed(dirs) if d not in links)
+
+
+def _key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _utf8(name: str) -> bool:

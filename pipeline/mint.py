@@ -20,7 +20,7 @@ MAX_NAME_BYTES = 240
 
 _UID_UNSAFE = re.compile(r"[|%\s]")
 _MD_LEAD = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,9}[.)]\s+|\|)+")
-_MD_MARKS = re.compile(r"[*_`]+|!?\[([^\]]*)\]\([^)]*\)")
+_MD_MARKS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)|!?\[([^\]]*)\]\([^)]*\)")  # emphasis, code, links
 _SENTENCE = re.compile(r"(?<=[.!?])\s|(?<=[。！？])")
 _RULE_LINE = re.compile(r"[|\-: =#*_>]+")  # table rules, thematic breaks, bare markers
 

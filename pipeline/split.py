@@ -78,10 +78,16 @@ class Splitter:
         return self.pack(section, pieces, prefix, budget)
 
     def prefix(self, section: Section) -> str:
-        """``fileTitle > headerBreadcrumb`` and a blank line, cut to a share of the target."""
+        """``fileTitle > headerBreadcrumb`` and a blank line, cut to a share of the target.
+
+        When the first heading is the file title (the usual H1), it is said once.
+        """
         if not self.policy.context_prefix:
             return ""
-        line = " > ".join((self.title, *section.titles))
+        titles = section.titles
+        if titles and titles[0] == self.title:
+            titles = titles[1:]
+        line = " > ".join((self.title, *titles))
         limit = self.target // _PREFIX_SHARE
         if self.count(line) > limit:
             while line and self.count(line + "…") > limit:

@@ -231,10 +231,11 @@ def test_small_blocks_are_packed_up_to_the_target() -> None:
     assert 4 <= len(result.records) < 40
     assert all(r["tokenStats"]["tokens"] <= 64 for r in result.records)
     # greedy: a chunk plus the next block would not have fit, give or take the token the
-    # packer reserves for each blank line between blocks (``.\n\n`` is often one token)
+    # packer reserves for each blank line between blocks (``.\n\n`` is often one token) and
+    # the one token of margin it keeps at the prefix boundary
     for a, b in itertools.pairwise(result.records):
         next_block = b["originalText"].split("\n\n")[0]
-        slack = a["originalText"].count("\n\n") + 1
+        slack = a["originalText"].count("\n\n") + 2
         assert a["tokenStats"]["tokens"] + COUNT(next_block) + slack > 64
 
 

@@ -128,7 +128,10 @@ def test_source_url_lang_and_title_from_front_matter() -> None:
 
 def test_embed_text_prefix() -> None:
     recs = chunk_md(DOC, "guide.md").records
-    assert recs[3]["embedText"] == "Guide > Guide > Configure > Advanced\n\n### Advanced\n\nTune the cache."
+    # the H1 is the file title: said once, not "Guide > Guide > ..."
+    assert recs[3]["embedText"] == "Guide > Configure > Advanced\n\n### Advanced\n\nTune the cache."
+    titled = chunk_md("---\ntitle: Handbook\n---\n" + DOC, "guide.md").records
+    assert titled[3]["embedText"].startswith("Handbook > Guide > Configure > Advanced\n\n")
     assert recs[3]["headerBreadcrumb"] == "Guide > Configure > Advanced"  # never the file title
     plain = chunk_md(DOC, "guide.md", context_prefix=False).records
     assert all(r["embedText"] == r["originalText"] for r in plain)
