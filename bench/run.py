@@ -15,8 +15,11 @@ folder, so each tool sees one corpus of the same files. Then:
   mistletoe's ``Document()`` alone; and, when ``pip install .[bench]`` put them
   there, LangChain and Chonkie at the same 512-token target.
 
-Each tool gets a warm-up run, then ``--runs`` timed runs; the table shows medians.
-Results are written to ``bench/results/`` as JSON too.
+Each tool gets a warm-up run, then ``--runs`` timed runs; the table shows medians
+of wall seconds and of CPU seconds (user + system, workers included): on a busy
+machine the CPU seconds say more. Output folders go under ``--scratch`` (default
+``bench/results/``, where a real ``chunks/`` would be) and are synced away between
+runs. Results are written to ``bench/results/`` as JSON (and the table as Markdown).
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ DEFAULT_DOC_MEMORY_MB = 2048
 #: Once a worker is writing, its deadline is this many times the limit away.
 WRITE_FACTOR = 10
 _WRITING = "writing"
+_RETIRING = "retiring"  #: the next result is this worker's last
 
 
 def _reason(rel_path: str, problem: str, hint: str) -> str:
@@ -186,6 +187,8 @@ def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
         except Exception as exc:  # noqa: BLE001 - a bug in one document must not stop the run
             result = DocResult(job.rel_path, error=bug_message(job.rel_path, exc))
         try:
+            if fatal:
+                conn.send(_RETIRING)
             conn.send(result)
         except (OSError, ValueError):
             return
@@ -197,7 +200,7 @@ def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
 
 
 class _Worker:
-    __slots__ = ("conn", "deadline", "index", "job", "proc", "writing")
+    __slots__ = ("conn", "deadline", "index", "job", "proc", "retiring", "writing")
 
     def __init__(self, proc: BaseProcess, conn: Connection) -> None:
         self.proc = proc
@@ -206,6 +209,7 @@ class _Worker:
         self.job: Job | None = None
         self.deadline = math.inf
         self.writing = False
+        self.retiring = False
 
     def kill(self) -> None:
         with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -298,7 +302,13 @@ class GuardPool:
                     worker.writing = True
                     worker.deadline = now + WRITE_FACTOR * self.timeout
                     continue
-                self._idle.append(worker)
+                if msg == _RETIRING:
+                    worker.retiring = True
+                    continue
+                if worker.retiring:
+                    worker.kill()  # it is on its way out
+                else:
+                    self._idle.append(worker)
                 result: DocResult = msg
                 return result
         except (EOFError, OSError):

@@ -1,4 +1,4 @@
-"""Bounds on mistletoe's block parser for hostile input (used by the parse stage).
+"""Bounds and fixes for mistletoe's block parser on hostile input (used by the parse stage).
 
 Two of mistletoe's block-level paths are worse than linear, and a corpus can
 hold the input that hits them:
@@ -21,10 +21,26 @@ hold the input that hits them:
   The one difference: a title that runs over more than ``WINDOW`` characters of
   lines is cut short there (the definition keeps its destination, the rest is a
   paragraph), as in a renderer with a length limit.
+
+And fixes where mistletoe parts from CommonMark / GFM, found by fuzzing against
+markdown-it (``tests/fuzz_regressions/``):
+
+- it closes a code fence at any line that starts with the fence and has no space in
+  it, so ```` ```python ```` or ```` ```~ ```` ended a block; CommonMark (4.5) closes it
+  only with a run of the same character, at least as long, then nothing but blanks;
+- it takes ``a|b`` over ``---`` for a table; GFM wants as many header cells as
+  delimiter cells, else no table (there, a setext heading);
+- it ends a table at the first line without a ``|``; GFM ends it only at a blank
+  line or the start of another block (a quote, fence, thematic break, list, ATX
+  heading or HTML block), so ``Title`` then ``===`` right under a table are two rows.
+
+The table rules follow markdown-it-py's ``rules_block/table.py`` (the reference the
+contract checker uses), down to its cap on cells filled in for short rows.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -33,6 +49,14 @@ from mistletoe import token as md_token
 
 #: Characters of look-ahead a link reference definition gets (see the module docstring).
 WINDOW = 8192
+#: A closing code fence: up to 3 spaces, a run of ` or ~, blanks (CommonMark 4.5).
+_FENCE_CLOSER = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*\n?")
+_PIPE = re.compile(r"(?<!\\)\|")  # a cell separator: a pipe not escaped by a backslash
+_ALIGN = re.compile(r":?-+:?")
+_LIST_MARKER = re.compile(r" {0,3}(?:\d{1,9}[.)]|[-+*])(?:[ \t]|\n|$)")
+#: What markdown-it trims from a table line: ASCII and Unicode blanks (``common/utils.py``).
+_TRIM = "\t\n\x0b\x0c\r \xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+_MAX_AUTOCOMPLETED_CELLS = 0x10000  # markdown-it's cap on cells filled in for short rows
 
 _state = threading.local()
 _installed: dict[str, Any] = {}
@@ -58,6 +82,102 @@ def install(max_depth: int) -> None:
 
     block_tokenizer.tokenize_block = tokenize_block
     block_token.Footnote.read = classmethod(_read_definitions)  # type: ignore[method-assign,assignment]
+    block_token.CodeFence.read = classmethod(_read_fence)  # type: ignore[method-assign,assignment]
+    block_token.Table.read = classmethod(_read_table)  # type: ignore[method-assign,assignment]
+
+
+def _indent(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip(" "))
+
+
+def _cells(row: str) -> int:
+    """Cells in a table row as GFM counts them: outer pipes dropped, ``\\|`` kept in a cell."""
+    cells = _PIPE.split(row.strip(_TRIM))
+    if cells and cells[0] == "":
+        cells.pop(0)
+    if cells and cells[-1] == "":
+        cells.pop()
+    return len(cells)
+
+
+def _delimiter_cells(row: str) -> int | None:
+    """Cells of a delimiter row (``| :-- | --: |``), or None if the line is not one."""
+    line = row.rstrip("\n").lstrip(" \t")
+    if len(line) < 2 or _indent(row) >= 4:
+        return None
+    first, second = line[0], line[1]
+    if first not in "|-:" or second not in "|-: \t" or (first == "-" and second in " \t"):
+        return None
+    if line.strip("|-: \t"):
+        return None
+    columns = line.split("|")
+    count = 0
+    for i, column in enumerate(columns):
+        cell = column.strip(_TRIM)
+        if not cell:
+            if 0 < i < len(columns) - 1:
+                return None
+            continue
+        if not _ALIGN.fullmatch(cell):
+            return None
+        count += 1
+    return count
+
+
+def _ends_table(line: str) -> bool:
+    """A line that starts a block a table gives way to (markdown-it: blockquote's terminators)."""
+    if not line.strip(_TRIM) or _indent(line) >= 4:
+        return True
+    if _LIST_MARKER.match(line):
+        return True
+    for token in block_token._token_types:
+        name = token.__name__
+        if name in ("Quote", "CodeFence", "ThematicBreak", "Heading") and token.start(line):
+            return True
+        if name == "HtmlBlock" and token.start(line) not in (False, None, 7):  # type 7 does not interrupt
+            return True
+    return False
+
+
+def _read_table(cls: Any, lines: Any, check_only: bool = False) -> Any:
+    """``Table.read`` with GFM's rules for where a table starts and where it ends."""
+    anchor = lines.get_pos()
+    header = next(lines)
+    start_line = lines.line_number()
+    delimiter = next(lines, None)
+    count = _delimiter_cells(delimiter) if delimiter is not None else None
+    if count is None or _indent(header) >= 4 or "|" not in header or _cells(header) != count:
+        lines.set_pos(anchor)
+        return None
+    if check_only:
+        lines.set_pos(anchor)
+        return True
+    line_buffer = [header, delimiter]
+    filled = 0
+    while (row := lines.peek()) is not None and not _ends_table(row):
+        filled += count - _cells(row)
+        if filled > _MAX_AUTOCOMPLETED_CELLS:
+            break
+        line_buffer.append(next(lines))
+    return line_buffer, start_line
+
+
+def _read_fence(cls: Any, lines: Any) -> Any:
+    """``CodeFence.read`` that closes the fence only where CommonMark does."""
+    next(lines)
+    info = cls._open_info
+    indentation, leader = info[0], info[1]
+    line_buffer: list[str] = []
+    for line in lines:
+        closer = _FENCE_CLOSER.fullmatch(line)
+        if closer and closer[1][0] == leader[0] and len(closer[1]) >= len(leader):
+            break
+        stripped = line.lstrip(" ")
+        diff = len(line) - len(stripped)
+        if diff > indentation:
+            stripped = " " * (diff - indentation) + stripped
+        line_buffer.append(stripped)
+    return line_buffer, info
 
 
 def _read_definitions(cls: Any, lines: Any) -> Any:

@@ -65,7 +65,10 @@ def anchor(text: str) -> str:
         stripped = line.strip()
         if not stripped or stripped.startswith(("```", "~~~")) or _RULE_LINE.fullmatch(stripped):
             continue
-        plain = " ".join(_MD_MARKS.sub(lambda m: m[1] or "", _MD_LEAD.sub("", stripped)).split())
+        plain = _MD_LEAD.sub("", stripped)
+        if "*" in plain or "_" in plain or "`" in plain or "[" in plain:  # else nothing to drop
+            plain = _MD_MARKS.sub(r"\1", plain)
+        plain = " ".join(plain.split())
         if not plain:
             continue
         if stripped.startswith("#"):

@@ -231,22 +231,16 @@ def test_decode_changes_nothing_else(text: str) -> None:
     assert decode(text.encode("utf-8"), "t.md") == text
 
 
-@pytest.mark.xfail(
-    strict=True, reason="mistletoe takes `a|b` over `---` for a table; GFM for a setext heading"
-)
 def test_pipe_line_over_dashes_is_a_setext_heading_as_in_gfm() -> None:
-    """Known parser disagreement, kept out of the random documents above (no ``|`` in prose)."""
+    """mistletoe took it for a table; ``pipeline/mdlimits.py`` now counts cells as GFM does."""
     result = chunk_md("Intro.\n\nTitle a|b\n---\n\nText.\n", "t.md")
     heads = [h for h, _ in outline(result.text).headings]
     assert heads == [8]
     assert list(invariant_errors(result, heads)) == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason="GFM continues a table with the next pipe-less line; mistletoe does not"
-)
 def test_line_right_after_a_table_belongs_to_it_as_in_gfm() -> None:
-    """Known parser disagreement, kept out of the random documents above (a blank line after tables)."""
+    """mistletoe ended the table there; ``pipeline/mdlimits.py`` now ends it where GFM does."""
     result = chunk_md("## A\n\n| h |\n|---|\n| 1 |\nTitle\n===\n\nText.\n", "t.md")
     seen = outline(result.text)
     assert [h for h, _ in seen.headings] == [0]

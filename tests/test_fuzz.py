@@ -1,0 +1,236 @@
+"""Fuzzing ``chunk_document`` with hostile Markdown (issue 7), checked against the contract.
+
+The documents are random mixes of the constructs parsers get wrong: fences (some never
+closed, some inside lists and quotes, some with longer or mixed closers), tables, ATX and
+setext headings (and things that almost are), quotes and lists nested and lazy, HTML
+blocks, link definitions, thematic breaks, tabs, and CR / LF / CRLF line ends mixed line
+by line, with odd Unicode sprinkled in: zero-width and bidi controls, combining marks,
+astral characters, line separators. (NUL is refused by design, and lone surrogates cannot
+be UTF-8, so neither is generated.)
+
+Every example must chunk without an exception, and keep the invariants of
+``../shared/tools/check_chunks.py``: exact slices, line spans, nothing lost, no chunk
+across a heading (as markdown-it sees headings), whole code blocks, unique ids, increasing
+offsets, the token budget.
+
+Examples: the ``ci`` profile (200) unless ``HYPOTHESIS_PROFILE`` names another; ``make
+fuzz`` runs ``HYPOTHESIS_PROFILE=fuzz`` (conftest.py, 5 000). An input that fails is kept
+in ``tests/fuzz_regressions/`` (``keep_regression``) and replayed by
+``test_regressions_replay`` forever after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import CHECKER, Chunked, invariant_errors, load_checker
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.models import Policy
+from pipeline.runner import chunk_document
+
+REGRESSIONS = Path(__file__).resolve().parent / "fuzz_regressions"
+
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+FUZZ = settings(settings.get_profile(PROFILE if PROFILE != "chunkyard" else "ci"))
+
+# -- the pieces ---------------------------------------------------------------------------
+
+ODD = [
+    "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff",  # zero-width
+    "\u200e", "\u200f", "\u202a", "\u202b", "\u202e", "\u2066", "\u2069",  # bidi controls
+    "e\u0301", "a\u0308\u0301\u0323", "\u0301",  # combining marks, one with no base
+    "𝔘", "🧑\u200d🤝\u200d🧑", "👍🏽", "🇫🇷", "\U0010fffd",  # astral
+    "\u2028", "\u2029", "\x85",  # separators Python's splitlines() breaks at
+    "\x0b", "\x0c", "\x1b[0m", "\x7f",  # controls
+    "שלום", "مرحبا", "中文", "ｆｕｌｌ", "\u00a0", "\u3000",  # scripts, odd blanks
+]  # fmt: skip
+WORDS = ["alpha", "beta", "x", "the", "chunk", "*em*", "**b**", "`c`", "[l](u)", "<i>", "a|b", "\\|", "&amp;", "1."]
+
+odd = st.sampled_from(ODD)
+word = st.one_of(st.sampled_from(WORDS), st.sampled_from(WORDS), odd)
+text = st.lists(word, min_size=1, max_size=12).map(" ".join)
+indent = st.sampled_from(["", "", "", " ", "  ", "   ", "    ", "\t", " \t"])
+
+
+def _lines(*parts: str) -> str:
+    return "\n".join(parts)
+
+
+fence_open = st.sampled_from(["```", "~~~", "````", "```python", "~~~ info `x`", "``` ```"])
+
+
+@st.composite
+def fence(draw: Any) -> str:
+    opener = draw(fence_open)
+    body = draw(st.lists(st.one_of(text, st.sampled_from(["# not a heading", "", "- x", "> q", "```", "~~~"])), max_size=6))
+    closer = draw(st.sampled_from([opener[:3], opener[:3], opener[:3] + "`", "", "  " + opener[:3], opener[:3] + " x"]))
+    return _lines(draw(indent) + opener, *body, *( [closer] if closer else []))
+
+
+@st.composite
+def table(draw: Any) -> str:
+    cols = draw(st.integers(1, 5))
+    head = "|" + "|".join(draw(text).replace("\n", " ") for _ in range(cols)) + "|"
+    delim = draw(st.sampled_from(["|" + "---|" * cols, "|" + ":-:|" * cols, "-" * 3, "|" + "---|" * (cols + 1), "| - |"]))
+    rows = [draw(st.sampled_from(["|", ""])) + "|".join(draw(text) for _ in range(cols)) for _ in range(draw(st.integers(0, 5)))]
+    return _lines(head, delim, *rows)
+
+
+atx = st.builds(
+    lambda n, sp, t, close: "#" * n + sp + t + close,
+    st.integers(1, 7),
+    st.sampled_from([" ", " ", "", "\t", "  "]),
+    text,
+    st.sampled_from(["", "", " #", " ###", "#", " \\#"]),
+)
+setext = st.builds(
+    lambda t, u, ind: t + "\n" + ind + u,
+    st.lists(text, min_size=1, max_size=3).map("\n".join),
+    st.sampled_from(["===", "---", "=", "-", "= =", "--- x", "====   ", "-- -"]),
+    st.sampled_from(["", " ", "   ", "    "]),
+)
+html = st.sampled_from(
+    [
+        "<div>\n" , "<div>\ntext\n</div>", "<!-- open comment\n\nstill comment", "<!-- c -->",
+        "<script>\nlet x = 1;\n\n# in script", "</script>", "<pre>\n\n  pre\n</pre>", "<?php echo 1; ?>",
+        "<![CDATA[\nx\n]]>", "<!DOCTYPE html>", "<table><tr><td>", "<a href='x'>", "<custom-tag>\n",
+    ]
+)  # fmt: skip
+linkdef = st.sampled_from(["[a]: /u", "[a]: /u 'title'", "[a]:\n/u", "[a]: /u \"open title", "[^1]: note", "[]: /x"])
+thematic = st.sampled_from(["---", "***", "___", "- - -", " * * *", "-- --"])
+
+
+def _container(draw: Any, depth: int) -> str:
+    kind = draw(st.sampled_from(["quote", "bullet", "ordered", "leaf", "leaf"] if depth < 6 else ["leaf"]))
+    if kind == "leaf":
+        return draw(st.one_of(text, fence(), atx, setext, table(), html, linkdef, thematic))
+    inner = [_container(draw, depth + 1) for _ in range(draw(st.integers(1, 3)))]
+    joined = draw(st.sampled_from(["\n", "\n\n"])).join(inner)
+    if kind == "quote":
+        lazy = draw(st.booleans())
+        lines = joined.split("\n")
+        return "\n".join(">" + draw(st.sampled_from([" ", "", "  "])) + ln if not (lazy and i) else ln for i, ln in enumerate(lines))
+    marker = draw(st.sampled_from(["-", "*", "+"])) if kind == "bullet" else draw(st.sampled_from(["1.", "2)", "10."]))
+    pad = " " * (len(marker) + 1)
+    lines = joined.split("\n")
+    shift = draw(st.sampled_from([pad, pad, "  ", "    ", "\t"]))
+    return marker + " " + lines[0] + "".join("\n" + (shift + ln if ln else "") for ln in lines[1:])
+
+
+block = st.one_of(text, text, atx, atx, setext, fence(), table(), html, linkdef, thematic)
+
+
+@st.composite
+def container(draw: Any) -> str:
+    return _container(draw, 0)
+
+
+@st.composite
+def hostile_markdown(draw: Any) -> bytes:
+    blocks = draw(st.lists(st.one_of(block, container(), container()), max_size=14))
+    seps = [draw(st.sampled_from(["\n", "\n\n", "\n\n", "\n \n", "\n\t\n", "\n\n\n"])) for _ in blocks]
+    doc = "".join(b + s for b, s in zip(blocks, seps, strict=True))
+    front = draw(st.sampled_from(["", "", "", "---\ntitle: T\n---\n", "---\nbad: [\n---\n", "---\ntitle: open\n", "+++\nx = 1\n+++\n"]))
+    doc = front + doc
+    if draw(st.booleans()):  # odd unicode anywhere, not only between words
+        for _ in range(draw(st.integers(1, 4))):
+            at = draw(st.integers(0, len(doc)))
+            doc = doc[:at] + draw(odd) + doc[at:]
+    eol = draw(st.sampled_from(["lf", "lf", "crlf", "cr", "mixed"]))
+    if eol == "crlf":
+        doc = doc.replace("\n", "\r\n")
+    elif eol == "cr":
+        doc = doc.replace("\n", "\r")
+    elif eol == "mixed":
+        ends = draw(st.lists(st.sampled_from(["\n", "\r\n", "\r"]), min_size=doc.count("\n") + 1, max_size=doc.count("\n") + 1))
+        parts = doc.split("\n")
+        doc = "".join(p + ends[i] for i, p in enumerate(parts[:-1])) + parts[-1]
+    if draw(st.booleans()):
+        doc = doc.rstrip("\r\n")
+    raw = doc.encode("utf-8")
+    return (b"\xef\xbb\xbf" + raw) if draw(st.integers(0, 9)) == 0 else raw
+
+
+@st.composite
+def policies(draw: Any) -> Policy:
+    target = draw(st.sampled_from([16, 32, 64, 512]))
+    return Policy(target_tokens=target, overlap_tokens=draw(st.sampled_from([0, 4, target // 4])))
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+
+def violations(raw: bytes, policy: Policy) -> list[str]:
+    """Everything wrong with chunking ``raw``: an exception, or a broken invariant."""
+    try:
+        doc, chunks = chunk_document(raw, "fuzz/doc.md", policy)
+    except Exception as exc:  # noqa: BLE001 - any exception at all is the finding
+        return [f"{type(exc).__name__}: {exc}"]
+    result = Chunked(doc, chunks, policy)
+    if not CHECKER.exists():  # chunkyard's own view of the headings, then
+        return list(invariant_errors(result))
+    seen = load_checker().Outline(doc.text)
+    problems = list(invariant_errors(result, [h for h, _ in seen.headings]))
+    if doc.body_start != seen.fm_end:
+        problems.append(f"front matter ends at {doc.body_start}, the checker says {seen.fm_end}")
+    spans = [(r["charOffsets"]["charStart"], r["charOffsets"]["charEnd"]) for r in result.records]
+    for kind, start, end in seen.atomic:
+        if kind != "code" or end <= start:
+            continue
+        touching = [(s, e) for s, e in spans if s < end and e > start]
+        if len(touching) != 1 or not (touching[0][0] <= start and touching[0][1] >= end):
+            problems.append(f"code block [{start},{end}) is in {len(touching)} chunks: {touching[:3]}")
+    return problems
+
+
+def keep_regression(raw: bytes, policy: Policy, note: str) -> Path:
+    """Save a failing input under ``tests/fuzz_regressions/`` (named by its hash)."""
+    REGRESSIONS.mkdir(exist_ok=True)
+    name = hashlib.sha1(raw + repr(policy).encode()).hexdigest()[:12]
+    path = REGRESSIONS / f"{name}.json"
+    path.write_text(
+        json.dumps(
+            {"note": note, "policy": policy.as_dict(), "text": raw.decode("utf-8")}, ensure_ascii=False, indent=1
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+@FUZZ
+@given(hostile_markdown(), policies())
+def test_hostile_markdown_keeps_the_contract(raw: bytes, policy: Policy) -> None:
+    problems = violations(raw, policy)
+    if problems and os.environ.get("CHUNKYARD_KEEP_FUZZ") == "1":
+        keep_regression(raw, policy, problems[0][:200])
+    assert not problems, "\n".join(problems[:10])
+
+
+def _regressions() -> list[Path]:
+    return sorted(REGRESSIONS.glob("*.json")) if REGRESSIONS.is_dir() else []
+
+
+@pytest.mark.parametrize("path", _regressions(), ids=lambda p: p.stem)
+def test_regressions_replay(path: Path) -> None:
+    case = json.loads(path.read_text(encoding="utf-8"))
+    opts = case["policy"]
+    policy = Policy(
+        target_tokens=opts["target_tokens"],
+        overlap_tokens=opts["overlap_tokens"],
+        tokenizer=opts["tokenizer"],
+        context_prefix=opts["context_prefix"],
+        lang=opts["lang"],
+    )
+    problems = violations(case["text"].encode("utf-8"), policy)
+    assert not problems, f"{case['note']}\n" + "\n".join(problems[:10])

@@ -1,0 +1,505 @@
+"""Hostile and broken input (issue 7): no crash, no hang, nothing lost.
+
+The corpus comes from ``make_hostile_corpus.py`` (generated, never committed). It is
+ingested once tame, then hostile, through the CLI: exit code 1, every bad file listed
+with its reason, every good file chunked and checked (``check_chunks.py`` where it can
+follow, chunkyard's own invariants elsewhere), the earlier chunk files of the failed
+documents untouched, and all of it within 60 s. The guard (``pipeline/guard.py``) and
+the parser's limits have tests of their own below.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import CHECKER, SCHEMA, Chunked, invariant_errors, load_checker
+from make_hostile_corpus import LONG_STEM, Case, make_hostile_corpus
+
+import pipeline.runner as runner_mod
+from pipeline.guard import GuardPool
+from pipeline.ingest import Options, Session, ingest
+from pipeline.models import Chunk, Policy
+from pipeline.normalize import normalize
+from pipeline.runner import DocResult, Job, chunk_document, counter
+from pipeline.state import MANIFEST, STATE_DIR
+
+NOBODY = 65534
+DOC_TIMEOUT = 8  # seconds; the slow documents take minutes, the good ones under 3 s here
+RUN_LIMIT = 60.0  # seconds for the whole hostile run (issue 7)
+
+
+def shown(rel: str) -> str:
+    """A relative path as chunkyard prints it (bytes that are not UTF-8 escaped)."""
+    return os.fsencode(rel).decode("utf-8", "backslashreplace")
+
+
+#: Root reads a file or folder of mode 000 all the same: then those two cases are good ones
+#: (``test_an_unreadable_folder_keeps_its_chunks`` drops privileges to test them).
+LOCKS_BITE = os.geteuid() != 0
+
+
+def cli(*args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``python -m pipeline ARGS`` and how long it took."""
+    env = {**os.environ, "COLUMNS": "300", "NO_COLOR": "1"}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=timeout,
+    )
+    return proc, time.perf_counter() - started
+
+
+@pytest.fixture
+def world() -> Iterator[Path]:
+    """A folder every user can reach and write (pytest's own tmp folders are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="chunkyard-hostile-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    # unlock what the corpus locked, then remove it (shutil.rmtree recurses once per folder level)
+    subprocess.run(["chmod", "-R", "u+rwx", str(path)], capture_output=True, check=False)
+    subprocess.run(["rm", "-rf", str(path)], capture_output=True, check=False)
+
+
+_LOCKS = ("permission denied", "cannot list folder")
+
+
+def manifest_docs(out: Path) -> dict[str, Any]:
+    docs: dict[str, Any] = json.loads((out / STATE_DIR / MANIFEST).read_bytes())["docs"]
+    return docs
+
+
+def snapshot(out: Path, files: list[str]) -> dict[str, tuple[bytes, int]]:
+    return {f: ((out / f).read_bytes(), (out / f).stat().st_mtime_ns) for f in files}
+
+
+def own_errors(corpus: Path, out: Path, rel: str, files: list[str], policy: Policy) -> list[str]:
+    """chunkyard's own invariants (conftest) for one document, read back from its chunk files."""
+    raw = (corpus / rel).read_bytes()
+    doc = normalize(raw, rel)
+    chunks = [Chunk(f, json.loads((out / f).read_bytes())) for f in files]
+    return list(invariant_errors(Chunked(doc, chunks, policy), None))
+
+
+def checker_errors(corpus: Path, out: Path, docs: dict[str, Any], rels: list[str], view: Path) -> list[str]:
+    """``check_chunks.py`` over a view holding only ``rels`` and their chunk files (symlinks)."""
+    src, dst = view / "corpus", view / "chunks"
+    for rel in rels:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).symlink_to(corpus / rel)
+        for f in docs[rel]["files"]:
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            (dst / f).symlink_to(out / f)
+    checker = load_checker()
+    report = checker.Report()
+    totals = checker.check(src, dst, SCHEMA, report)
+    assert totals["docs"] == len([r for r in rels if docs[r]["files"]])
+    return [f"{name}: {example}" for name, fails in report.fails.items() for example in fails]
+
+
+def test_hostile_corpus_through_the_cli(world: Path) -> None:
+    corpus, out = world / "corpus", world / "out"
+    # 1. a tame corpus: every document that will break has chunk files first
+    tame = make_hostile_corpus(corpus, stage="before")
+    proc, _ = cli("ingest", "--out", str(out), "--quiet", "--", str(corpus))
+    assert proc.returncode == 0, proc.stderr
+    docs = manifest_docs(out)
+    assert all(docs[c.rel]["files"] for c in tame)
+    keep = snapshot(out, [f for c in tame if c.expect == "bad" for f in docs[c.rel]["files"]])
+    gone = [f for c in tame if c.expect == "empty" for f in docs[c.rel]["files"]]
+
+    # 2. the hostile corpus
+    cases = make_hostile_corpus(corpus)
+    if not LOCKS_BITE:
+        cases = tuple(Case(c.rel, "good") if c.reason in _LOCKS else c for c in cases)
+        keep = {f: v for f, v in keep.items() if not f.startswith(("locked/", "doc_unreadable_"))}
+    proc, seconds = cli(
+        "ingest", "--out", str(out), "--doc-timeout", str(DOC_TIMEOUT), "--jobs", "2", "--json", "--", str(corpus)
+    )
+    print(f"\nhostile run: exit {proc.returncode} in {seconds:.1f} s")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert seconds < RUN_LIMIT
+    summary = json.loads(proc.stdout)
+    failures: list[str] = summary["failures"]
+    warnings: list[str] = summary["warnings"]
+    docs = manifest_docs(out)
+    by_case = {c.rel: c for c in cases}
+
+    def failure_of(case: Case) -> str | None:
+        name = shown(case.rel)
+        folder = name.rsplit("/", 1)[0] + "/" if "/" in name else None
+        hits = [f for f in failures if f.startswith((name + ":", f"{folder}:") if folder else (name + ":",))]
+        assert len(hits) <= 1, hits
+        return hits[0] if hits else None
+
+    # every failure is a bad (or heavy) case, each bad case failed once, for its reason, with a hint
+    for failure in failures:
+        assert any(
+            failure.startswith((shown(c.rel), shown(c.rel).rsplit("/", 1)[0] + "/:"))
+            for c in cases
+            if c.expect in ("bad", "heavy")
+        ), f"unexpected failure: {failure}"
+        assert "hint:" in failure, failure
+    for case in cases:
+        failure = failure_of(case)
+        if case.expect == "bad":
+            assert failure is not None, f"{case.rel} should have failed"
+            assert case.reason.lower() in failure.lower(), failure
+        elif case.expect == "heavy":
+            assert failure is None or "took longer than" in failure, failure
+        else:
+            assert failure is None, failure
+        if case.warning:
+            assert any(w.startswith(case.rel) and case.warning in w for w in warnings), (case.rel, warnings)
+
+    # earlier chunk files of failed documents untouched; those of emptied documents gone
+    assert snapshot(out, list(keep)) == keep
+    assert not [f for f in gone if (out / f).exists()]
+    for case in cases:
+        if case.expect == "empty":
+            assert not docs.get(case.rel, {}).get("files"), case.rel
+
+    # good documents: chunked, and correct
+    policy = Policy()
+    good = [c.rel for c in cases if c.expect == "good"]
+    own = [c.rel for c in cases if c.expect == "good-own" or (c.expect == "heavy" and failure_of(c) is None)]
+    for rel in good + own:
+        assert docs.get(rel, {}).get("files"), f"{rel} was not chunked"
+    if CHECKER.exists():
+        errors = checker_errors(corpus, out, docs, good, world / "view")
+    else:  # no shared checker here: chunkyard's own invariants for every document
+        own += good
+        errors = []
+    for rel in own:
+        errors += own_errors(corpus, out, rel, docs[rel]["files"], policy)
+    assert not errors, "\n".join(errors[:20])
+
+    # file-system details
+    long_files = docs[f"names/{LONG_STEM}.md"]["files"]
+    assert all(len(Path(f).name.encode()) <= 255 for f in long_files)
+    record = json.loads((out / long_files[0]).read_bytes())
+    assert record["id"] == f"doc:names/{LONG_STEM}::ch0"  # the full name is kept inside
+    assert record["metadata"]["sourceFile"] == f"names/{LONG_STEM}.md"
+    link = [json.loads((out / f).read_bytes())["originalText"] for f in docs["links/to_plain.md"]["files"]]
+    assert link == [json.loads((out / f).read_bytes())["originalText"] for f in docs["plain.md"]["files"]]
+    assert not [rel for rel in docs if rel.startswith("links/loop")]  # the loop was not walked
+    assert "links/dangling.md" not in docs
+    assert by_case["names/-rf.md"].rel in docs
+
+
+# -- the guard --------------------------------------------------------------------------
+
+
+def _corpus(root: Path, docs: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in docs.items():
+        (root / rel).write_text(text)
+    return root
+
+
+SLOW = "".join("  " * i + "- x\n" for i in range(3_000))  # a staircase of lists: minutes of work
+GOOD = "# Good\n\nA fine document.\n"
+
+
+def _jobs(corpus: Path, out: Path, rels: list[str]) -> list[Job]:
+    return [Job(str(corpus / r), r, str(out), Policy(), "2026-01-01T00:00:00Z") for r in rels]
+
+
+def test_a_slow_document_is_stopped_and_the_run_goes_on(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c", {"a.md": GOOD, "slow.md": SLOW, "z.md": GOOD})
+    counter("cl100k_base")
+    pool = GuardPool(1, 1.0, 0)  # one worker: the one after the slow document needs a new worker
+    try:
+        started = time.perf_counter()
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", ["a.md", "slow.md", "z.md"])))
+        assert time.perf_counter() - started < 10
+    finally:
+        pool.close()
+    assert [r.rel_path for r in results] == ["a.md", "slow.md", "z.md"]
+    assert results[0].error is None and results[2].error is None and results[2].files
+    assert results[1].error and "took longer than 1 s" in results[1].error and "--doc-timeout" in results[1].error
+
+
+def test_the_guard_works_from_a_thread_that_is_not_main(tmp_path: Path) -> None:
+    """watch syncs from its own thread, where signal-based alarms cannot work."""
+    corpus = _corpus(tmp_path / "c", {"a.md": GOOD, "slow.md": SLOW})
+    opts = Options(corpus, tmp_path / "o", jobs=1, doc_timeout=1.0)
+    got: list[Any] = []
+    with Session(opts) as session:
+        thread = threading.Thread(target=lambda: got.append(session.sync(["a.md", "slow.md"])))
+        thread.start()
+        thread.join(20)
+        assert not thread.is_alive()
+        assert session._pool is not None
+        workers = [w.proc for w in session._pool._idle]
+    assert not [p for p in workers if p.is_alive()]  # the session took its workers with it
+    (summary,) = got
+    assert summary.failures and summary.failures[0].startswith("slow.md") and "took longer" in summary.failures[0]
+    assert (tmp_path / "o" / "doc_a__ch0.json").exists()
+
+
+def test_a_document_that_needs_too_much_memory_is_stopped(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c", {"hog.md": SLOW, "z.md": GOOD})
+    counter("cl100k_base")
+    pool = GuardPool(1, 60.0, 48)  # 48 MiB over what the worker has: the staircase wants far more
+    try:
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", ["hog.md", "z.md"])))
+    finally:
+        pool.close()
+    assert results[0].error and "needs more than 48 MiB" in results[0].error, results[0].error
+    assert results[1].error is None and results[1].files
+
+
+def test_a_worker_that_dies_or_hits_a_bug_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = runner_mod.chunk_document
+
+    def sabotage(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
+        if rel_path == "crash.md":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if rel_path == "bug.md":
+            raise ValueError("an unexpected bug")
+        return real(raw, rel_path, *a, **k)
+
+    monkeypatch.setattr(runner_mod, "chunk_document", sabotage)  # before the pool forks its workers
+    corpus = _corpus(tmp_path / "c", {"crash.md": GOOD, "bug.md": GOOD, "ok.md": GOOD})
+    pool = GuardPool(2, 30.0, 0)
+    dumps = faulthandler.is_enabled()
+    faulthandler.disable()  # pytest's: it would print the worker's crash as if it were ours
+    try:
+        results: list[DocResult] = list(pool.run(_jobs(corpus, tmp_path / "o", ["crash.md", "bug.md", "ok.md"])))
+    finally:
+        pool.close()
+        if dumps:
+            faulthandler.enable()
+    assert results[0].error and "died (SIGSEGV)" in results[0].error
+    assert results[1].error and "internal error ValueError" in results[1].error and "bug" in results[1].error
+    assert results[2].error is None and results[2].files
+
+
+def test_workers_exit_when_their_parent_dies(tmp_path: Path) -> None:
+    """A worker outliving its run would keep the output lock (an flock shared across fork)."""
+    _corpus(tmp_path / "c", {"slow.md": SLOW})
+    script = f"""
+import os, sys, threading, time
+from pathlib import Path
+from pipeline.guard import GuardPool
+from pipeline.models import Policy
+from pipeline.runner import Job, counter
+counter("cl100k_base")
+pool = GuardPool(1, 600.0, 0)
+job = Job({str(tmp_path / "c" / "slow.md")!r}, "slow.md", {str(tmp_path / "o")!r}, Policy(), "2026-01-01T00:00:00Z")
+def run():
+    list(pool.run([job]))
+threading.Thread(target=run, daemon=True).start()
+time.sleep(1.0)
+print(os.getpid(), flush=True)
+for p in __import__("multiprocessing").active_children():
+    print(p.pid, flush=True)
+os._exit(0)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    pids = [int(x) for x in proc.stdout.split()]
+    assert len(pids) == 2, proc.stdout + proc.stderr
+    worker = pids[1]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
+        stat = Path(f"/proc/{worker}/stat").read_text() if Path(f"/proc/{worker}/stat").exists() else ""
+        if stat.split(") ")[-1][:1] == "Z":
+            break  # exited, waiting to be reaped by init
+        time.sleep(0.1)
+    else:
+        assert not Path(f"/proc/{worker}").exists(), "the worker outlived its parent"
+
+
+@contextmanager
+def as_nobody() -> Iterator[None]:
+    """Root reads anything: drop the effective ids (the workers fork with them) for a while."""
+    if os.geteuid() != 0:
+        yield
+        return
+    counter("cl100k_base")  # the vocabulary is read now, while it can be
+    os.setegid(NOBODY)
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def test_an_unreadable_folder_keeps_its_chunks(world: Path) -> None:
+    """A folder that cannot be listed is reported; its documents are unknown, not deleted."""
+    corpus, out = _corpus(world / "corpus", {"top.md": GOOD}), world / "out"
+    _corpus(corpus / "locked", {"inside.md": "# Inside\n\nIt has chunks.\n"})
+    with as_nobody():
+        assert not ingest(Options(corpus, out, jobs=1)).failures
+    before = snapshot(out, ["locked/doc_inside__ch0.json"])
+    (corpus / "locked").chmod(0)
+    try:
+        with as_nobody():
+            summary = ingest(Options(corpus, out, jobs=1))
+    finally:
+        (corpus / "locked").chmod(0o755)
+    assert summary.failures == ["locked/: read: cannot list folder (Permission denied) (hint: make it readable)"]
+    assert snapshot(out, ["locked/doc_inside__ch0.json"]) == before
+    assert "locked/inside.md" in manifest_docs(out)
+    with as_nobody():
+        assert not ingest(Options(corpus, out, jobs=1)).failures  # readable again: nothing to redo
+    assert snapshot(out, ["locked/doc_inside__ch0.json"]) == before
+
+
+def test_names_that_are_not_utf8_are_reported_not_fatal(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c", {"ok.md": GOOD})
+    with open(os.path.join(os.fsencode(corpus), b"caf\xe9.md"), "wb") as fh:
+        fh.write(b"# Latin-1\n")
+    os.mkdir(os.path.join(os.fsencode(corpus), b"dir\xff"))
+    summary = ingest(Options(corpus, tmp_path / "o", jobs=1))
+    assert sorted(summary.failures) == [
+        "caf\\xe9.md: read: the name is not valid UTF-8, skipped (hint: rename it to UTF-8)",
+        "dir\\xff: read: the name is not valid UTF-8, skipped (hint: rename it to UTF-8)",
+    ]
+    assert (tmp_path / "o" / "doc_ok__ch0.json").exists()
+
+
+def test_a_folder_tree_deeper_than_the_recursion_limit(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c", {"top.md": GOOD})
+    fd = os.open(corpus, os.O_RDONLY)
+    for _ in range(1_100):  # os.makedirs itself recurses once per level
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    with os.fdopen(os.open("bottom.md", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
+        fh.write(GOOD)
+    os.close(fd)
+    out = tmp_path / "o"
+    summary = ingest(Options(corpus, out, jobs=1))
+    assert not summary.failures
+    rel = "/".join(["d"] * 1_100) + "/bottom.md"
+    assert manifest_docs(out)[rel]["files"] == ["/".join(["d"] * 1_100) + "/doc_bottom__ch0.json"]
+    (corpus / "top.md").unlink()
+    assert not ingest(Options(corpus, out, jobs=1, full=True)).failures  # the sweep walks it too
+    subprocess.run(["rm", "-rf", str(corpus), str(out)], check=False)
+
+
+# -- the parser's limits -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ">" * 10_000 + " deep\n",
+        "- " * 10_000 + "deep\n",
+        "1. " * 5_000 + "deep\n",
+        "> - " * 3_000 + "deep\n",
+        "".join(">" * i + f" level {i}\n" for i in range(1, 400)),
+        "".join("  " * i + f"- level {i}\n" for i in range(400)),
+    ],
+    ids=["quotes", "bullets", "ordered", "mixed", "quote-stairs", "list-stairs"],
+)
+def test_deep_nesting_is_chunked_not_a_recursion_error(text: str) -> None:
+    doc, chunks = chunk_document(text.encode(), "deep.md", Policy())
+    result = Chunked(doc, chunks, Policy())
+    assert chunks
+    assert not list(invariant_errors(result))
+
+
+def test_link_reference_definitions_are_linear_and_unchanged() -> None:
+    """mdlimits' ``Footnote.read``: mistletoe's result, without its quadratic slicing."""
+    from mistletoe import block_token
+
+    from pipeline.mdlimits import _read_definitions
+    from pipeline.parse import _mistletoe
+
+    texts = [
+        "[a]: /u\n[b]: /v 'title'\n[c]:\n  /w\n  \"t\"\n\npara\n",
+        "[a]: /u\nnot a definition\n[b]: /v\n",
+        "[a]: /u \"unclosed\ntitle\"\n[b]: /v\n",
+        "[a]: /u \"unclosed\n\nafter\n",
+        "[a]: <x y>\n[b]: /v bad\n[c]: /w\n",
+        "[a]:\n\n[b]: /v\n",
+        "[a]: /u\nx",
+        "  [a]: /u\n   [b]: /v\n    [c]: /w\n",
+        "[a]: /u\n" + "x" * 20_000 + "\n[b]: /v\n",
+        "".join(f"[r{i}]: /u{i} 't{i}'\n" for i in range(3_000)) + "tail\n",
+    ]
+    patched = block_token.Footnote.read
+    original = block_token.Footnote.__dict__["read"]
+    assert original.__func__ is _read_definitions
+    for text in texts:
+        ours = _shape(_mistletoe(text))
+        try:
+            block_token.Footnote.read = classmethod(_mistletoe_read)  # type: ignore[method-assign,assignment]
+            theirs = _shape(_mistletoe(text))
+        finally:
+            block_token.Footnote.read = patched  # type: ignore[method-assign]
+        assert ours == theirs, text[:80]
+    started = time.perf_counter()
+    _mistletoe("".join(f"[r{i}]: /u{i}\n" for i in range(60_000)))
+    assert time.perf_counter() - started < 10  # mistletoe's own: some 7 s for 60 000, 4x that for twice
+
+
+def _shape(doc: Any) -> list[tuple[str, int]]:
+    return [(type(t).__name__, t.line_number) for t in doc.children]
+
+
+def _mistletoe_read(cls: Any, lines: Any) -> Any:
+    """mistletoe 1.x's ``Footnote.read``, verbatim, for comparison."""
+    from mistletoe import token
+
+    line_buffer = []
+    next_line = lines.peek()
+    while next_line is not None and next_line.strip() != "":
+        line_buffer.append(next(lines))
+        next_line = lines.peek()
+    string = "".join(line_buffer)
+    offset = 0
+    matches = []
+    while offset < len(string) - 1:
+        match_info = cls.match_reference(string, offset)
+        if match_info is None:
+            lines._index -= string[offset:].count("\n")
+            break
+        offset, match = match_info
+        matches.append(match)
+    cls.append_footnotes(matches, token._root_node)
+    return matches or None
+
+
+def test_front_matter_that_explodes_is_a_warning() -> None:
+    laughs = (
+        "---\na: &a [x, x, x, x, x, x, x, x, x]\n"
+        + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+        + "---\nbody\n"
+    )
+    doc = normalize(laughs.encode(), "laughs.md")
+    assert doc.front_matter is None and doc.body_start > 0 and "expands to more than" in doc.warnings[0]
+    deep_toml = "+++\nx = " + "[" * 5_000 + "]" * 5_000 + "\n+++\nbody\n"
+    doc = normalize(deep_toml.encode(), "deep.md")
+    assert doc.front_matter is None and "nested too deep" in doc.warnings[0]
+    doc = normalize(b"---\nn: 123456789012345678901234567890\nf: .inf\n---\nbody\n", "n.md")
+    assert doc.front_matter == {"n": "123456789012345678901234567890", "f": None}
+    doc, chunks = chunk_document(b"---\nn: 123456789012345678901234567890\n---\nbody\n", "n.md", Policy())
+    assert chunks[0].record["metadata"]["frontMatter"] == {"n": "123456789012345678901234567890"}
+
+
+def test_unclosed_front_matter_is_read_as_markdown_with_a_warning() -> None:
+    doc = normalize(b"---\ntitle: x\n\n# Body\n", "open.md")
+    assert doc.body_start == 0 and "never closed" in doc.warnings[0]
+    assert not normalize(b"---\n\nA thematic break, then text.\n", "hr.md").warnings
