@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/mypy pipeline
 
 bench: $(STAMP) ## throughput against the splitters people use (pip install -e '.[bench]' for the peers)
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and a 700 KB document
 	$(BIN)/python bench/watch_latency.py

@@ -32,7 +32,12 @@ markdown-it (``tests/fuzz_regressions/``):
   delimiter cells, else no table (there, a setext heading);
 - it ends a table at the first line without a ``|``; GFM ends it only at a blank
   line or the start of another block (a quote, fence, thematic break, list, ATX
-  heading or HTML block), so ``Title`` then ``===`` right under a table are two rows.
+  heading or HTML block), so ``Title`` then ``===`` right under a table are two rows;
+- it lets a list item or a quote go on with any line that starts no other block
+  ("lazy continuation"); CommonMark allows that only while a *paragraph* is open in
+  it, so after a fence, a heading or an empty item the line ends the container (and
+  ``alpha`` / ``===`` after it is a heading). ``_Lazy`` tracks whether a paragraph
+  can still be open; where it cannot tell (deep nesting), it keeps mistletoe's reading.
 
 The table rules follow markdown-it-py's ``rules_block/table.py`` (the reference the
 contract checker uses), down to its cap on cells filled in for short rows.
@@ -84,6 +89,148 @@ def install(max_depth: int) -> None:
     block_token.Footnote.read = classmethod(_read_definitions)  # type: ignore[method-assign,assignment]
     block_token.CodeFence.read = classmethod(_read_fence)  # type: ignore[method-assign,assignment]
     block_token.Table.read = classmethod(_read_table)  # type: ignore[method-assign,assignment]
+    block_token.ListItem.read = classmethod(_read_item)  # type: ignore[method-assign,assignment]
+    block_token.Quote.read = classmethod(_read_quote)  # type: ignore[method-assign,assignment]
+
+
+_CONTAINER_MARKS = re.compile(r"(?:[ ]{0,3}(?:>[ ]?|(?:[-+*]|\d{1,9}[.)])(?:[ \t]+|(?=\n)|$)))*")
+_FENCE_OPENER = re.compile(r" {0,3}(`{3,}(?!.*`)|~{3,})")
+_ATX = re.compile(r" {0,3}#{1,6}(?:[ \t]|\n|$)")
+_BREAK = re.compile(r" {0,3}(?:(?:\*[ \t]*){3,}|(?:-[ \t]*){3,}|(?:_[ \t]*){3,}|=+[ \t]*)\n?$")
+
+
+class _Lazy:
+    """Whether a paragraph may still be open in a container, line by line (for lazy lines).
+
+    Lines are fed as the container holds them (its own marks removed); nested quote and
+    list marks are skipped. False only where it is sure: nothing yet, a blank line, an
+    open (or just closed) fence, a heading, a thematic break or setext underline.
+    """
+
+    __slots__ = ("fence", "paragraph")
+
+    def __init__(self) -> None:
+        self.fence: tuple[str, int] | None = None
+        self.paragraph = False
+
+    def feed(self, line: str) -> None:
+        inner = line[_CONTAINER_MARKS.match(line).end() :]  # type: ignore[union-attr]
+        if self.fence is not None:
+            closer = _FENCE_CLOSER.fullmatch(inner)
+            if closer and closer[1][0] == self.fence[0] and len(closer[1]) >= self.fence[1]:
+                self.fence = None
+            self.paragraph = False
+            return
+        if not inner.strip():
+            self.paragraph = False
+            return
+        opener = _FENCE_OPENER.match(inner)
+        if opener:
+            self.fence = (opener[1][0], len(opener[1]))
+            self.paragraph = False
+        elif _ATX.match(inner) or _BREAK.match(inner):
+            self.paragraph = False
+        elif not self.paragraph and _indent(inner) >= 4:
+            self.paragraph = False  # indented code
+        else:
+            self.paragraph = True
+
+
+def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
+    """mistletoe 1.x's ``ListItem.read``; a lazy line only goes on while a paragraph may be open."""
+    next_marker = None
+    line_buffer: list[str] = []
+    lazy = _Lazy()
+    line = next(lines)
+    start_line = lines.line_number()
+    next_line = lines.peek()
+    indentation, prepend, leader, content = prev_marker if prev_marker else cls.parse_marker(line)
+    if content.strip() == "":
+        prepend = indentation + len(leader) + 1
+        blanks = 1
+        while next_line is not None and next_line.strip() == "":
+            blanks += 1
+            next(lines)
+            next_line = lines.peek()
+        if blanks > 1:
+            parse_buffer = block_tokenizer.ParseBuffer()  # type: ignore[no-untyped-call]
+            parse_buffer.loose = True
+            next_marker = cls.parse_marker(next_line) if next_line is not None else None
+            return (parse_buffer, indentation, prepend, leader, start_line), next_marker
+    else:
+        line_buffer.append(content)
+        lazy.feed(content)
+    breaking_tokens = [
+        t for t in block_token._token_types if hasattr(t, "check_interrupts_paragraph") and t is not block_token.List
+    ]
+    newline_count = 0
+    while True:
+        if next_line is None:
+            if newline_count:
+                lines.backstep()
+                del line_buffer[-newline_count:]
+            break
+        continuation = cls.parse_continuation(next_line, prepend)
+        if not continuation:
+            if any(token_type.check_interrupts_paragraph(lines) for token_type in breaking_tokens):
+                if newline_count:
+                    lines.backstep()
+                    del line_buffer[-newline_count:]
+                break
+            marker_info = cls.parse_marker(next_line)
+            if marker_info is not None:
+                next_marker = marker_info
+                break
+            if newline_count:
+                lines.backstep()
+                del line_buffer[-newline_count:]
+                break
+            if not lazy.paragraph:  # CommonMark: only a paragraph goes on lazily
+                break
+            continuation = next_line
+        line_buffer.append(continuation)
+        lazy.feed(continuation)
+        newline_count = newline_count + 1 if continuation == "\n" else 0
+        next(lines)
+        next_line = lines.peek()
+    parse_buffer = block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
+    return (parse_buffer, indentation, prepend, leader, start_line), next_marker
+
+
+def _read_quote(cls: Any, lines: Any) -> Any:
+    """mistletoe 1.x's ``Quote.read``; a lazy line only goes on while a paragraph may be open."""
+    line = cls.convert_leading_tabs(next(lines).lstrip()).split(">", 1)[1]
+    if len(line) > 0 and line[0] == " ":
+        line = line[1:]
+    line_buffer = [line]
+    lazy = _Lazy()
+    lazy.feed(line)
+    start_line = lines.line_number()
+    next_line = lines.peek()
+    breaking_tokens = [
+        t for t in block_token._token_types if hasattr(t, "check_interrupts_paragraph") and t is not block_token.Quote
+    ]
+    while (
+        next_line is not None
+        and next_line.strip() != ""
+        and not any(token_type.check_interrupts_paragraph(lines) for token_type in breaking_tokens)
+    ):
+        stripped = cls.convert_leading_tabs(next_line.lstrip())
+        if stripped[0] == ">":
+            prepend = 2 if stripped[1:2] == " " else 1
+            stripped = stripped[prepend:]
+            line_buffer.append(stripped)
+            lazy.feed(stripped)
+        elif not lazy.paragraph:
+            break
+        else:
+            line_buffer.append(next_line)
+        next(lines)
+        next_line = lines.peek()
+    block_token.Paragraph.parse_setext = False
+    parse_buffer = block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
+    block_token.Paragraph.parse_setext = True
+    return parse_buffer
 
 
 def _indent(line: str) -> int:
