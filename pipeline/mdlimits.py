@@ -37,7 +37,12 @@ markdown-it (``tests/fuzz_regressions/``):
   ("lazy continuation"); CommonMark allows that only while a *paragraph* is open in
   it, so after a fence, a heading or an empty item the line ends the container (and
   ``alpha`` / ``===`` after it is a heading). ``_Lazy`` tracks whether a paragraph
-  can still be open; where it cannot tell (deep nesting), it keeps mistletoe's reading.
+  can still be open; where it cannot tell (deep nesting), it keeps mistletoe's reading;
+- its patterns use Python's Unicode ``\\s`` and ``\\d`` where CommonMark means ASCII:
+  ``#``+NBSP opened a heading, ``١. x`` and ``. x`` opened ordered lists, and a line
+  indented by spaces then a Unicode blank (U+2028) did not continue a list item.
+  (One such difference is left: mistletoe takes a line of nothing but Unicode blanks
+  for a blank line, CommonMark for text; see ``tests/test_fuzz.py``.)
 
 The table rules follow markdown-it-py's ``rules_block/table.py`` (the reference the
 contract checker uses), down to its cap on cells filled in for short rows.
@@ -91,6 +96,12 @@ def install(max_depth: int) -> None:
     block_token.Table.read = classmethod(_read_table)  # type: ignore[method-assign,assignment]
     block_token.ListItem.read = classmethod(_read_item)  # type: ignore[method-assign,assignment]
     block_token.Quote.read = classmethod(_read_quote)  # type: ignore[method-assign,assignment]
+    # the same patterns, blanks and digits as CommonMark counts them (ASCII)
+    block_token.Heading.pattern = re.compile(r" {0,3}(#{1,6})(?:\n|[ \t]+?(.*?)(\n|[ \t]+?#+[ \t]*?$))")
+    block_token.ThematicBreak.pattern = re.compile(r" {0,3}(?:([-_*])[ \t]*?)(?:\1[ \t]*?){2,}$")
+    block_token.List.pattern = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[+\-*])(?:[ \t]*$|[ \t]+)")
+    block_token.ListItem.pattern = re.compile(r"( {0,3})([0-9]{1,9}[.)]|[+\-*])($|[ \t]+)")
+    block_token.ListItem.continuation_pattern = re.compile(r"([ \t]*)([^ \t\n].*\n|\n)")
 
 
 _CONTAINER_MARKS = re.compile(r"(?:[ ]{0,3}(?:>[ ]?|(?:[-+*]|\d{1,9}[.)])(?:[ \t]+|(?=\n)|$)))*")
@@ -104,17 +115,28 @@ class _Lazy:
 
     Lines are fed as the container holds them (its own marks removed); nested quote and
     list marks are skipped. False only where it is sure: nothing yet, a blank line, an
-    open (or just closed) fence, a heading, a thematic break or setext underline.
+    open (or just closed) fence, a table, a heading, a thematic break or setext underline.
     """
 
-    __slots__ = ("fence", "paragraph")
+    __slots__ = ("fence", "last", "paragraph", "table")
 
     def __init__(self) -> None:
         self.fence: tuple[str, int] | None = None
         self.paragraph = False
+        self.table = False
+        self.last = ""  # the previous line, when it was paragraph text (a table header?)
 
     def feed(self, line: str) -> None:
         inner = line[_CONTAINER_MARKS.match(line).end() :]  # type: ignore[union-attr]
+        header, self.last = self.last, ""
+        if self.table and not _ends_table(inner):
+            self.paragraph = False
+            return
+        self.table = False
+        if header and "|" in header and _delimiter_cells(inner) == _cells(header):
+            self.table = True
+            self.paragraph = False
+            return
         if self.fence is not None:
             closer = _FENCE_CLOSER.fullmatch(inner)
             if closer and closer[1][0] == self.fence[0] and len(closer[1]) >= self.fence[1]:
@@ -134,6 +156,7 @@ class _Lazy:
             self.paragraph = False  # indented code
         else:
             self.paragraph = True
+            self.last = inner
 
 
 def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:

@@ -38,7 +38,7 @@ from pipeline.runner import chunk_document
 REGRESSIONS = Path(__file__).resolve().parent / "fuzz_regressions"
 
 settings.register_profile(
-    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "ci", max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 FUZZ = settings(settings.get_profile(PROFILE if PROFILE != "chunkyard" else "ci"))
@@ -59,7 +59,10 @@ WORDS = ["alpha", "beta", "x", "the", "chunk", "*em*", "**b**", "`c`", "[l](u)",
 odd = st.sampled_from(ODD)
 word = st.one_of(st.sampled_from(WORDS), st.sampled_from(WORDS), odd)
 text = st.lists(word, min_size=1, max_size=12).map(" ".join)
-indent = st.sampled_from(["", "", "", " ", "  ", "   ", "    ", "\t", " \t"])
+#: No tabs here: inside a container a tab stops at the next multiple of 4 counted from the
+#: line start (CommonMark 2.2), which mistletoe does not do (a tab is 4 spaces wherever it
+#: is); see ``test_a_tab_after_a_container_mark``. Tabs still come in blank lines.
+indent = st.sampled_from(["", "", "", " ", "  ", "   ", "    "])
 
 
 def _lines(*parts: str) -> str:
@@ -125,7 +128,7 @@ def _container(draw: Any, depth: int) -> str:
     marker = draw(st.sampled_from(["-", "*", "+"])) if kind == "bullet" else draw(st.sampled_from(["1.", "2)", "10."]))
     pad = " " * (len(marker) + 1)
     lines = joined.split("\n")
-    shift = draw(st.sampled_from([pad, pad, "  ", "    ", "\t"]))
+    shift = draw(st.sampled_from([pad, pad, "  ", "    "]))
     return marker + " " + lines[0] + "".join("\n" + (shift + ln if ln else "") for ln in lines[1:])
 
 
@@ -185,6 +188,9 @@ def violations(raw: bytes, policy: Policy) -> list[str]:
     problems = list(invariant_errors(result, [h for h, _ in seen.headings]))
     if doc.body_start != seen.fm_end:
         problems.append(f"front matter ends at {doc.body_start}, the checker says {seen.fm_end}")
+    for r in result.records:  # and no heading markdown-it does not see
+        if r["headerDepths"] != seen.depths_at(r["charOffsets"]["charStart"]):
+            problems.append(f"{r['id']}: headerDepths {r['headerDepths']} != {seen.depths_at(r['charOffsets']['charStart'])}")
     spans = [(r["charOffsets"]["charStart"], r["charOffsets"]["charEnd"]) for r in result.records]
     for kind, start, end in seen.atomic:
         if kind != "code" or end <= start:
@@ -244,6 +250,18 @@ def test_regressions_replay(path: Path) -> None:
     )
     problems = violations(case["text"].encode("utf-8"), policy)
     assert not problems, f"{case['note']}\n" + "\n".join(problems[:10])
+
+
+@pytest.mark.xfail(strict=False, reason="tabs inside container marks: three parsers, three readings")
+def test_a_tab_after_a_container_mark() -> None:
+    """Known disagreement, left alone. In ``>\u200f`` / ``\t> \t* ```` `` the second line is
+    indented 4 columns, so CommonMark's reference (commonmark.js) reads it as lazy paragraph
+    text; markdown-it continues the quote anyway (it does not check the indent there) and,
+    counting the tab after ``> `` to the next tab stop, finds a list item and a fence;
+    mistletoe continues the quote too but counts every tab as 4 spaces (a paragraph). Found
+    by fuzzing; the random documents keep tabs out of container marks."""
+    raw = ">\u200f\r\t> \t* ```\n\t>\t  >".encode()
+    assert not violations(raw, Policy(target_tokens=16, overlap_tokens=4))
 
 
 @pytest.mark.xfail(strict=True, reason="mistletoe takes a line of Unicode blanks for a blank line; CommonMark does not")
