@@ -38,7 +38,7 @@ from pipeline.runner import chunk_document
 REGRESSIONS = Path(__file__).resolve().parent / "fuzz_regressions"
 
 settings.register_profile(
-    "ci", max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "ci", max_examples=200, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 FUZZ = settings(settings.get_profile(PROFILE if PROFILE != "chunkyard" else "ci"))
