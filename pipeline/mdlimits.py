@@ -37,7 +37,13 @@ markdown-it (``tests/fuzz_regressions/``):
   ("lazy continuation"); CommonMark allows that only while a *paragraph* is open in
   it, so after a fence, a heading or an empty item the line ends the container (and
   ``alpha`` / ``===`` after it is a heading). ``_Lazy`` tracks whether a paragraph
-  can still be open; where it cannot tell (deep nesting), it keeps mistletoe's reading;
+  can still be open; where it cannot tell (deep nesting), it keeps mistletoe's reading.
+  And a line without ``>`` that starts a list ends a quote whatever the list's number
+  (``0.``) or content: the rule that only ``1.`` or a non-empty item may interrupt a
+  paragraph holds inside the paragraph's own container only (commonmark.js, markdown-it);
+- it ends an HTML block opened by ``<script>``, ``<pre>``, ``<style>`` or ``<textarea>``
+  only at its own closing tag; CommonMark (4.6, kind 1) ends it at a line with any of
+  the four, so a ``<script>`` block closed by ``</pre>`` swallowed the rest;
 - its patterns use Python's Unicode ``\\s`` and ``\\d`` where CommonMark means ASCII:
   ``#``+NBSP opened a heading, ``١. x`` and ``. x`` opened ordered lists, and a line
   indented by spaces then a Unicode blank (U+2028) did not continue a list item.
@@ -95,6 +101,7 @@ def install(max_depth: int) -> None:
     block_token.CodeFence.read = classmethod(_read_fence)  # type: ignore[method-assign,assignment]
     block_token.Table.read = classmethod(_read_table)  # type: ignore[method-assign,assignment]
     block_token.ListItem.read = classmethod(_read_item)  # type: ignore[method-assign,assignment]
+    block_token.HtmlBlock.read = classmethod(_read_html)  # type: ignore[method-assign,assignment]
     block_token.Quote.read = classmethod(_read_quote)  # type: ignore[method-assign,assignment]
     # the same patterns, blanks and digits as CommonMark counts them (ASCII)
     block_token.Heading.pattern = re.compile(r" {0,3}(#{1,6})(?:\n|[ \t]+?(.*?)(\n|[ \t]+?#+[ \t]*?$))")
@@ -157,6 +164,27 @@ class _Lazy:
         else:
             self.paragraph = True
             self.last = inner
+
+
+_KIND_1_ENDS = ("</script>", "</pre>", "</style>", "</textarea>")
+
+
+def _read_html(cls: Any, lines: Any) -> Any:
+    """``HtmlBlock.read``: a kind 1 block (``<script>``, ``<pre>``…) ends at any of the four end tags."""
+    end = cls._end_cond
+    ends = _KIND_1_ENDS if end in _KIND_1_ENDS else (end,) if end is not None else None
+    line_buffer = []
+    for line in lines:
+        line_buffer.append(line)
+        if ends is not None:
+            folded = line.casefold()
+            if any(tag in folded for tag in ends):
+                break
+        elif line.strip() == "":
+            line_buffer.pop()
+            lines.backstep()
+            break
+    return line_buffer
 
 
 def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
@@ -244,8 +272,8 @@ def _read_quote(cls: Any, lines: Any) -> Any:
             stripped = stripped[prepend:]
             line_buffer.append(stripped)
             lazy.feed(stripped)
-        elif not lazy.paragraph:
-            break
+        elif not lazy.paragraph or _LIST_MARKER.match(next_line):
+            break  # a list may start here, whatever its number or content: the quote's line failed
         else:
             line_buffer.append(next_line)
         next(lines)
