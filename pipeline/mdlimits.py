@@ -69,7 +69,7 @@ WINDOW = 8192
 _FENCE_CLOSER = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*\n?")
 _PIPE = re.compile(r"(?<!\\)\|")  # a cell separator: a pipe not escaped by a backslash
 _ALIGN = re.compile(r":?-+:?")
-_LIST_MARKER = re.compile(r" {0,3}(?:\d{1,9}[.)]|[-+*])(?:[ \t]|\n|$)")
+_LIST_MARKER = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[-+*])(?:[ \t]|\n|$)")
 #: What markdown-it trims from a table line: ASCII and Unicode blanks (``common/utils.py``).
 _TRIM = "\t\n\x0b\x0c\r \xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 _MAX_AUTOCOMPLETED_CELLS = 0x10000  # markdown-it's cap on cells filled in for short rows
@@ -111,7 +111,8 @@ def install(max_depth: int) -> None:
     block_token.ListItem.continuation_pattern = re.compile(r"([ \t]*)([^ \t\n].*\n|\n)")
 
 
-_CONTAINER_MARKS = re.compile(r"(?:[ ]{0,3}(?:>[ ]?|(?:[-+*]|\d{1,9}[.)])(?:[ \t]+|(?=\n)|$)))*")
+_CONTAINER_MARKS = re.compile(r"(?:[ ]{0,3}(?:>[ ]?|(?:[-+*]|[0-9]{1,9}[.)])(?:[ \t]+|(?=\n)|$)))*")
+_MARK = re.compile(r">|[-+*](?=[ \t\n]|$)|[0-9]{1,9}[.)]")
 _FENCE_OPENER = re.compile(r" {0,3}(`{3,}(?!.*`)|~{3,})")
 _ATX = re.compile(r" {0,3}#{1,6}(?:[ \t]|\n|$)")
 _BREAK = re.compile(r" {0,3}(?:(?:\*[ \t]*){3,}|(?:-[ \t]*){3,}|(?:_[ \t]*){3,}|=+[ \t]*)\n?$")
@@ -121,20 +122,43 @@ class _Lazy:
     """Whether a paragraph may still be open in a container, line by line (for lazy lines).
 
     Lines are fed as the container holds them (its own marks removed); nested quote and
-    list marks are skipped. False only where it is sure: nothing yet, a blank line, an
-    open (or just closed) fence, a table, a heading, a thematic break or setext underline.
+    list marks are skipped, and a line inside the last nested list item seen loses that
+    item's indent. False only where it is sure: nothing yet, a blank line, an open (or just
+    closed) fence, a table, a heading, a thematic break or setext underline, indented code.
+    Where it cannot tell (nesting it does not follow), it says True: mistletoe's reading.
     """
 
-    __slots__ = ("fence", "last", "paragraph", "table")
+    __slots__ = ("fence", "item_col", "item_depth", "last", "paragraph", "table")
 
     def __init__(self) -> None:
-        self.fence: tuple[str, int] | None = None
+        #: an open fence: its character, length, the quotes around it, and the column its
+        #: nested list item's content starts at (lines indented less have left that item)
+        self.fence: tuple[str, int, int, int | None] | None = None
         self.paragraph = False
         self.table = False
+        self.item_depth: int | None = None  # quotes around the last nested list mark seen
+        self.item_col = 0  # the column that item's content starts at
         self.last = ""  # the previous line, when it was paragraph text (a table header?)
 
+    def lazy_line(self) -> None:
+        """A line that goes on with the paragraph without its container's marks: text, no more."""
+        self.last = ""
+
     def feed(self, line: str) -> None:
-        inner = line[_CONTAINER_MARKS.match(line).end() :]  # type: ignore[union-attr]
+        marks = _CONTAINER_MARKS.match(line).end()  # type: ignore[union-attr]
+        prefix, inner = line[:marks].expandtabs(4), line[marks:]
+        quotes = prefix.count(">")
+        opens_item = marks > 0 and prefix.rstrip()[-1:] != ">"  # the innermost mark is a list mark
+        in_item = opens_item
+        if opens_item:
+            self.item_depth, self.item_col = quotes, len(prefix)
+        elif self.item_depth == quotes and inner.strip():
+            need = self.item_col - len(prefix)
+            if 0 < need <= _indent(inner):
+                inner, in_item = inner.expandtabs(4)[need:], True
+        column = len(prefix) + _indent(inner)  # where this line's content starts
+        # an indent counts from the innermost container this line is known to be in
+        code_indent = in_item or self.item_depth is None or quotes > self.item_depth
         header, self.last = self.last, ""
         if self.table and not _ends_table(inner):
             self.paragraph = False
@@ -145,21 +169,25 @@ class _Lazy:
             self.paragraph = False
             return
         if self.fence is not None:
-            closer = _FENCE_CLOSER.fullmatch(inner)
-            if closer and closer[1][0] == self.fence[0] and len(closer[1]) >= self.fence[1]:
-                self.fence = None
-            self.paragraph = False
-            return
+            char, length, around, item = self.fence
+            left = quotes < around or (item is not None and bool(inner.strip()) and column < item)
+            if not left:
+                closer = _FENCE_CLOSER.fullmatch(inner)
+                if closer and closer[1][0] == char and len(closer[1]) >= length:
+                    self.fence = None
+                self.paragraph = False
+                return
+            self.fence = None  # its container ended, and the fence with it: a line like any other
         if not inner.strip():
             self.paragraph = False
             return
         opener = _FENCE_OPENER.match(inner)
         if opener:
-            self.fence = (opener[1][0], len(opener[1]))
+            self.fence = (opener[1][0], len(opener[1]), quotes, self.item_col if in_item else None)
             self.paragraph = False
         elif _ATX.match(inner) or _BREAK.match(inner):
             self.paragraph = False
-        elif not self.paragraph and _indent(inner) >= 4:
+        elif not self.paragraph and code_indent and _indent(inner) >= 4:
             self.paragraph = False  # indented code
         else:
             self.paragraph = True
@@ -238,7 +266,12 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
                 break
             if not lazy.paragraph:  # CommonMark: only a paragraph goes on lazily
                 break
-            continuation = next_line
+            line_buffer.append(next_line)
+            lazy.lazy_line()
+            next(lines)
+            next_line = lines.peek()
+            newline_count = 0
+            continue
         line_buffer.append(continuation)
         lazy.feed(continuation)
         newline_count = newline_count + 1 if continuation == "\n" else 0
@@ -276,11 +309,14 @@ def _read_quote(cls: Any, lines: Any) -> Any:
             break  # a list may start here, whatever its number or content: the quote's line failed
         else:
             line_buffer.append(next_line)
+            lazy.lazy_line()
         next(lines)
         next_line = lines.peek()
     block_token.Paragraph.parse_setext = False
-    parse_buffer = block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
-    block_token.Paragraph.parse_setext = True
+    try:  # restored even when parsing fails, or every later document loses its setext headings
+        parse_buffer = block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
+    finally:
+        block_token.Paragraph.parse_setext = True
     return parse_buffer
 
 

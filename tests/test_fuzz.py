@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -223,14 +224,25 @@ def unicode_blank_line(raw: bytes) -> bool:
     return any(not line.strip() and line.strip(" \t") for line in text.split("\n"))
 
 
-@pytest.mark.skipif(
-    os.environ.get("HYPOTHESIS_PROFILE") != "fuzz",
-    reason="order-dependent failure in the full suite under investigation; run with `make fuzz`",
-)
+_CONTAINER_START = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)]|>)(?:[ \t]|$)")
+
+
+def table_over_a_container(raw: bytes) -> bool:
+    """markdown-it tries tables before lists and quotes, so ``- a|`` over ``  -|`` is a table
+    with the header ``- a`` there; GFM (cmark-gfm) and chunkyard read a list item holding a
+    table (see ``test_a_list_item_is_no_table_header``)."""
+    if not CHECKER.exists():
+        return False
+    text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    seen = load_checker().Outline(text)
+    return any(kind == "table" and _CONTAINER_START.match(text, start) for kind, start, _ in seen.atomic)
+
+
 @FUZZ
 @given(hostile_markdown(), policies())
 def test_hostile_markdown_keeps_the_contract(raw: bytes, policy: Policy) -> None:
     assume(not unicode_blank_line(raw))
+    assume(not table_over_a_container(raw))
     problems = violations(raw, policy)
     if problems and os.environ.get("CHUNKYARD_KEEP_FUZZ") == "1":
         keep_regression(raw, policy, problems[0][:200])
@@ -266,6 +278,16 @@ def test_a_tab_after_a_container_mark() -> None:
     by fuzzing; the random documents keep tabs out of container marks."""
     raw = ">\u200f\r\t> \t* ```\n\t>\t  >".encode()
     assert not violations(raw, Policy(target_tokens=16, overlap_tokens=4))
+
+
+@pytest.mark.xfail(strict=True, reason="markdown-it reads a table with the header `- a`; GFM a list item with a table")
+def test_a_list_item_is_no_table_header() -> None:
+    """Known disagreement of the checker's parser, left alone: in ``- a|`` / ``  -|`` / ``a`` /
+    ``=`` GFM (cmark-gfm) opens a list item whose paragraph ``a|`` becomes a table at ``-|``;
+    the unindented ``a`` then ends the item (a table is no paragraph to go on lazily) and
+    ``a`` / ``=`` is a heading, as chunkyard reads it. markdown-it tries its table rule before
+    lists and finds a table with the header ``- a`` whose rows run to the end (no heading)."""
+    assert not violations(b"- a|\n  -|\na\n=", Policy(target_tokens=16, overlap_tokens=0))
 
 
 @pytest.mark.xfail(strict=True, reason="mistletoe takes a line of Unicode blanks for a blank line; CommonMark does not")

@@ -529,3 +529,26 @@ def test_unclosed_front_matter_is_read_as_markdown_with_a_warning() -> None:
     doc = normalize(b"---\ntitle: x\n\n# Body\n", "open.md")
     assert doc.body_start == 0 and "never closed" in doc.warnings[0]
     assert not normalize(b"---\n\nA thematic break, then text.\n", "hr.md").warnings
+
+
+def test_a_parse_that_fails_inside_a_quote_leaves_no_state_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mistletoe turns setext headings off while it reads a quote; a failure there (a worker
+    lives on after a document fails) must not turn them off for every later document."""
+    from mistletoe import block_token
+
+    from pipeline.normalize import normalize as norm
+    from pipeline.parse import _mistletoe, parse
+
+    real = block_token.Paragraph.read.__func__  # type: ignore[attr-defined]
+
+    def read(cls: Any, lines: Any) -> Any:
+        if "boom" in lines.peek():
+            raise RuntimeError("boom")
+        return real(cls, lines)
+
+    monkeypatch.setattr(block_token.Paragraph, "read", classmethod(read))
+    with pytest.raises(RuntimeError):
+        _mistletoe("> boom\n")
+    monkeypatch.undo()
+    blocks = parse(norm(b"Title\n===\n\ntext\n", "t.md"))
+    assert [b.kind for b in blocks] == ["heading", "paragraph"]
