@@ -18,8 +18,8 @@ folder, so each tool sees one corpus of the same files. Then:
 Each tool gets a warm-up run, then ``--runs`` timed runs; the table shows medians
 of wall seconds and of CPU seconds (user + system, workers included): on a busy
 machine the CPU seconds say more. Output folders go under ``--scratch`` (default
-``bench/results/``, where a real ``chunks/`` would be) and are synced away between
-runs. Results are written to ``bench/results/`` as JSON (and the table as Markdown).
+``bench/results/``, where a real ``chunks/`` would be); they are synced to disk after
+each run and removed only at the end (see ``bench_chunkyard`` for why). Results are written to ``bench/results/`` as JSON (and the table as Markdown).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -180,8 +179,11 @@ def bench_chunkyard(corpus: Path, jobs: int, runs: int, scratch: Path) -> dict[s
         cmd = [*chunkyard_cmd(), "ingest", str(corpus), "--out", str(out)]
         cmd += ["--full", "--jobs", str(jobs), "--json", "--quiet"]
         timed = run_timed(cmd, sample=True)
-        shutil.rmtree(out)
-        os.sync()  # this run's deletes (and the discards they cause) must not bill the next run
+        # The output stays until the whole benchmark is done: on ext4 without a journal (this
+        # machine's disk) a file created within minutes of many deletes pays for them, since
+        # the inode allocator steps over every recently freed inode (``recently_deleted``),
+        # and 30 000 of them made each chunk file cost ~0.7 ms of kernel time instead of ~0.05.
+        os.sync()  # nor may this run's dirty pages be flushed on the next run's time
         summary = json.loads(timed.stdout)
         if summary["failed"]:
             print(f"  warning: {summary['failed']} documents failed", file=sys.stderr)

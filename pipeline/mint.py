@@ -114,7 +114,7 @@ def mint(
     total = len(drafts)
     from .parse import Lines  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
 
-    lines = Lines(doc.text)
+    lines = Lines.of(doc.text)
     chunks = []
     widths: dict[str, int] = {}  # b= is 3 digits, wider for a whole section past 999 pieces
     for d in drafts:

@@ -13,6 +13,7 @@ import html
 import re
 from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from mistletoe import block_token, span_token, span_tokenizer
@@ -73,6 +74,9 @@ _KIND_BY_TOKEN: dict[str, BlockKind] = {
 }
 
 
+_LAST_LINES: list[Lines | None] = [None]
+
+
 class Lines:
     """Line ↔ char offset arithmetic over one canonical text (lines are 1-based)."""
 
@@ -81,14 +85,17 @@ class Lines:
     def __init__(self, text: str) -> None:
         self.text = text
         self._blank: list[bool] | None = None
-        starts = [0]
-        find = text.find
-        i = find("\n")
-        while i >= 0:
-            starts.append(i + 1)
-            i = find("\n", i + 1)
-        self.starts = starts
-        self.count = len(starts)
+        lengths = map(len, text.split("\n"))  # a line starts one past the previous one's end
+        self.starts = list(accumulate(map((1).__add__, lengths), initial=0))[:-1]
+        self.count = len(self.starts)
+
+    @classmethod
+    def of(cls, text: str) -> Lines:
+        """The ``Lines`` of ``text``, shared by the stages that see the same text in a row."""
+        last = _LAST_LINES[0]
+        if last is None or last.text is not text:
+            last = _LAST_LINES[0] = cls(text)
+        return last
 
     def start(self, line: int) -> int:
         """Char offset where ``line`` begins."""
@@ -111,7 +118,7 @@ class Lines:
 
 def parse(doc: SourceDoc) -> tuple[Block, ...]:
     """Top-level blocks of the body (front matter excluded), in document order."""
-    lines = Lines(doc.text)
+    lines = Lines.of(doc.text)
     body = doc.text[doc.body_start :]
     if not body.strip():
         return ()

