@@ -103,6 +103,7 @@ def install(max_depth: int) -> None:
     block_token.ListItem.read = classmethod(_read_item)  # type: ignore[method-assign,assignment]
     block_token.HtmlBlock.read = classmethod(_read_html)  # type: ignore[method-assign,assignment]
     block_token.Quote.read = classmethod(_read_quote)  # type: ignore[method-assign,assignment]
+    block_token.Paragraph.read = classmethod(_read_paragraph)  # type: ignore[method-assign,assignment]
     # the same patterns, blanks and digits as CommonMark counts them (ASCII)
     block_token.Heading.pattern = re.compile(r" {0,3}(#{1,6})(?:\n|[ \t]+?(.*?)(\n|[ \t]+?#+[ \t]*?$))")
     block_token.ThematicBreak.pattern = re.compile(r" {0,3}(?:([-_*])[ \t]*?)(?:\1[ \t]*?){2,}$")
@@ -318,6 +319,42 @@ def _read_quote(cls: Any, lines: Any) -> Any:
     finally:
         block_token.Paragraph.parse_setext = True
     return parse_buffer
+
+
+_BREAKERS: dict[tuple[Any, ...], list[Any]] = {}
+
+
+def _read_paragraph(cls: Any, lines: Any) -> Any:
+    """mistletoe's ``Paragraph.read``, with a fast path for plain lines (speed only).
+
+    A line whose first non-blank character is a letter, with no ``|`` in it, starts
+    nothing that may interrupt a paragraph: every such rule (ATX heading, fence, quote,
+    list, HTML block, table, thematic break, setext underline) needs a mark there, or a
+    pipe. Those lines, most of a paragraph, skip the seven checks.
+    """
+    line_buffer = [next(lines)]
+    next_line = lines.peek()
+    key = tuple(block_token._token_types)
+    breaking_tokens = _BREAKERS.get(key)
+    if breaking_tokens is None:
+        breaking_tokens = _BREAKERS[key] = [
+            t for t in key if hasattr(t, "check_interrupts_paragraph") and t is not block_token.ThematicBreak
+        ]
+    while next_line is not None and next_line.strip() != "":
+        if "|" not in next_line and next_line.lstrip()[:1].isalpha():
+            line_buffer.append(next(lines))
+            next_line = lines.peek()
+            continue
+        if any(token_type.check_interrupts_paragraph(lines) for token_type in breaking_tokens):
+            break
+        if cls.parse_setext and cls.is_setext_heading(next_line):
+            line_buffer.append(next(lines))
+            return block_token.SetextHeading(line_buffer)  # type: ignore[no-untyped-call]
+        if block_token.ThematicBreak.check_interrupts_paragraph(lines):  # type: ignore[no-untyped-call]
+            break
+        line_buffer.append(next(lines))
+        next_line = lines.peek()
+    return line_buffer
 
 
 def _indent(line: str) -> int:
