@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 from .errors import StageError
@@ -200,13 +201,13 @@ def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
 
 
 class _Worker:
-    __slots__ = ("conn", "deadline", "index", "job", "proc", "retiring", "writing")
+    __slots__ = ("conn", "deadline", "proc", "queue", "retiring", "writing")
 
     def __init__(self, proc: BaseProcess, conn: Connection) -> None:
         self.proc = proc
         self.conn = conn
-        self.index = -1
-        self.job: Job | None = None
+        #: the jobs sent and not answered yet, in order: the first is the one running
+        self.queue: deque[tuple[int, Job]] = deque()
         self.deadline = math.inf
         self.writing = False
         self.retiring = False
@@ -221,11 +222,22 @@ class _Worker:
 class GuardPool:
     """Long-lived worker processes that chunk one document each at a time, under limits.
 
+    Each worker holds up to ``QUEUE`` jobs: the one it runs and the next, already in
+    its pipe, so it goes on while the parent folds a result in (with one worker the
+    two would otherwise take turns). The deadline is the running job's: it starts
+    when the previous result comes back.
+
     Args:
         workers: how many documents may be chunked at once.
         timeout: seconds a document may take (0 or less: no limit).
         memory_mb: address space a worker may add, in MiB (0: no limit).
     """
+
+    #: Jobs a worker holds at most (running + waiting in its pipe).
+    QUEUE = 2
+    #: A waiting job is sent ahead only when this small: it must fit the pipe's buffer,
+    #: or the parent would block on it while the worker blocks sending its result.
+    AHEAD_BYTES = 16 * 1024
 
     def __init__(self, workers: int, timeout: float, memory_mb: int) -> None:
         self.size = max(1, workers)
@@ -251,6 +263,18 @@ class GuardPool:
             worker.kill()
         return self._spawn()
 
+    def _send(self, worker: _Worker, index: int, job: Job) -> bool:
+        """Hand ``job`` to ``worker``; False (nothing sent) when it must wait its turn."""
+        data = ForkingPickler.dumps(job)
+        if worker.queue and len(data) > self.AHEAD_BYTES:
+            return False
+        worker.conn.send_bytes(data)
+        if not worker.queue:
+            worker.deadline = time.monotonic() + self.timeout
+            worker.writing = False
+        worker.queue.append((index, job))
+        return True
+
     def run(self, jobs: Sequence[Job]) -> Iterator[DocResult]:
         """Process ``jobs``; yield their results in the order of ``jobs``."""
         pending = deque(enumerate(jobs))
@@ -260,28 +284,34 @@ class GuardPool:
         try:
             while next_out < len(jobs):
                 while pending and len(busy) < self.size:
-                    index, job = pending.popleft()
                     worker = self._take()
                     try:
-                        worker.conn.send(job)
+                        self._send(worker, *pending[0])
                     except OSError:  # it died while idle: a fresh one takes the job
                         worker.kill()
-                        pending.appendleft((index, job))
                         continue
-                    worker.index, worker.job, worker.writing = index, job, False
-                    worker.deadline = time.monotonic() + self.timeout
+                    pending.popleft()
                     busy.append(worker)
+                for worker in busy:  # the next job waits in the pipe of a worker that has one
+                    if pending and len(worker.queue) < self.QUEUE and not worker.retiring:
+                        with contextlib.suppress(OSError):  # a dead worker: its sentinel says so
+                            if self._send(worker, *pending[0]):
+                                pending.popleft()
                 first = min(w.deadline for w in busy)
                 wait_for = None if first == math.inf else max(0.0, first - time.monotonic())
                 wait([x for w in busy for x in (w.conn, w.proc.sentinel)], wait_for)
                 now = time.monotonic()
                 for worker in list(busy):
-                    result = self._poll(worker, now)
-                    if result is None:
-                        continue
-                    busy.remove(worker)
-                    done[worker.index] = result
-                    worker.job, worker.deadline = None, math.inf
+                    for index, result in self._poll(worker, now):
+                        done[index] = result
+                    if not worker.queue or not worker.proc.is_alive() or worker.retiring:
+                        busy.remove(worker)
+                        pending.extendleft(reversed(worker.queue))  # unanswered: to a fresh worker
+                        worker.queue.clear()
+                        if worker.proc.is_alive() and not worker.retiring:
+                            self._idle.append(worker)
+                        else:
+                            worker.kill()
                 while next_out in done:
                     yield done.pop(next_out)
                     next_out += 1
@@ -289,14 +319,13 @@ class GuardPool:
             for worker in busy:  # abandoned mid-run (an error, Ctrl-C): stop what they do
                 worker.kill()
 
-    def _poll(self, worker: _Worker, now: float) -> DocResult | None:
-        """The worker's result if it has one (or failed), else None; kills it at its deadline."""
+    def _poll(self, worker: _Worker, now: float) -> list[tuple[int, DocResult]]:
+        """The results the worker has sent (or its running job's failure); kills it at its deadline."""
         from .runner import DocResult
 
-        job = worker.job
-        assert job is not None
+        out: list[tuple[int, DocResult]] = []
         try:
-            while worker.conn.poll():
+            while worker.queue and worker.conn.poll():
                 msg = worker.conn.recv()
                 if msg == _WRITING:
                     worker.writing = True
@@ -305,26 +334,31 @@ class GuardPool:
                 if msg == _RETIRING:
                     worker.retiring = True
                     continue
+                index, _ = worker.queue.popleft()
+                out.append((index, msg))
+                worker.deadline, worker.writing = now + self.timeout, False  # the next job runs
                 if worker.retiring:
-                    worker.kill()  # it is on its way out
-                else:
-                    self._idle.append(worker)
-                result: DocResult = msg
-                return result
+                    return out  # it is on its way out: the caller stops it
         except (EOFError, OSError):
             pass  # it died: the sentinel tells how
+        if not worker.queue:
+            worker.deadline = math.inf
+            return out
+        index, job = worker.queue[0]
         if not worker.proc.is_alive():
             worker.proc.join(1)
             code = worker.proc.exitcode
             worker.kill()
-            return DocResult(job.rel_path, error=died_message(job.rel_path, code, self.memory_mb))
-        if now >= worker.deadline:
+            worker.queue.popleft()
+            out.append((index, DocResult(job.rel_path, error=died_message(job.rel_path, code, self.memory_mb))))
+        elif now >= worker.deadline:
             worker.kill()
             writing = worker.writing  # killed between two renames: the files may be half new
             limit = self.timeout * (WRITE_FACTOR if writing else 1)
             message = timeout_message(job.rel_path, limit, writing=writing)
-            return DocResult(job.rel_path, error=message, unsafe=writing)
-        return None
+            worker.queue.popleft()
+            out.append((index, DocResult(job.rel_path, error=message, unsafe=writing)))
+        return out
 
     def close(self) -> None:
         """Stop the idle workers (politely: they are waiting for a job)."""

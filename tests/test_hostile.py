@@ -318,6 +318,48 @@ def test_a_worker_that_dies_or_hits_a_bug_is_reported(tmp_path: Path, monkeypatc
     assert results[2].error is None and results[2].files
 
 
+def test_a_queued_job_gets_its_own_full_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker holds the next job in its pipe; that job's clock starts when it starts."""
+    real = runner_mod.chunk_document
+
+    def slowish(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
+        time.sleep(1.2)
+        return real(raw, rel_path, *a, **k)
+
+    monkeypatch.setattr(runner_mod, "chunk_document", slowish)  # before the pool forks its workers
+    corpus = _corpus(tmp_path / "c", {f"d{i}.md": GOOD for i in range(3)})
+    pool = GuardPool(1, 2.0, 0)  # each takes 1.2 s of its 2 s; all three are in 3.6 s
+    try:
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", ["d0.md", "d1.md", "d2.md"])))
+    finally:
+        pool.close()
+    assert [r.error for r in results] == [None, None, None]
+
+
+def test_jobs_waiting_behind_a_crash_go_to_a_fresh_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = runner_mod.chunk_document
+
+    def sabotage(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
+        if rel_path.startswith("crash"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(raw, rel_path, *a, **k)
+
+    monkeypatch.setattr(runner_mod, "chunk_document", sabotage)
+    rels = ["a.md", "crash1.md", "b.md", "crash2.md", "crash3.md", "c.md", "d.md"]
+    corpus = _corpus(tmp_path / "c", dict.fromkeys(rels, GOOD))
+    pool = GuardPool(1, 30.0, 0)
+    try:
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", rels)))
+    finally:
+        pool.close()
+    assert [r.rel_path for r in results] == rels
+    for r in results:
+        if r.rel_path.startswith("crash"):
+            assert r.error and "died (SIGKILL)" in r.error, r.error
+        else:
+            assert r.error is None and r.files, r.rel_path
+
+
 def test_workers_exit_when_their_parent_dies(tmp_path: Path) -> None:
     """A worker outliving its run would keep the output lock (an flock shared across fork)."""
     _corpus(tmp_path / "c", {"slow.md": SLOW})
