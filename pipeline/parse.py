@@ -39,6 +39,7 @@ class HtmlBlock(block_token.HtmlBlock):
 
 
 block_token.add_token(HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (SPEC §4 rule 2)
+mdlimits.NO_LETTER_START.add(HtmlBlock)  # it needs a ``<`` first, as mistletoe's
 
 #: A heading longer than this keeps its markup in its title: mistletoe's inline parser is
 #: quadratic on some input (``[x](`` repeated: 12 000 chars take 5 s).
@@ -142,12 +143,19 @@ def _mistletoe(body: str) -> Document:
     src = [p + "\n" for p in parts[:-1]]
     if parts[-1]:
         src.append(parts[-1])
-    saved = span_token.tokenize_inner
+    saved = span_token.tokenize_inner, block_token.Paragraph.__init__, block_token.Table.__init__
     span_token.tokenize_inner = _raw_inner
+    # Paragraphs and tables are leaves here, placed by their lines: their inline content
+    # (and a table's rows and cells) would be built only to be thrown away.
+    block_token.Paragraph.__init__ = block_token.Table.__init__ = _leaf  # type: ignore[method-assign]
     try:
         return Document(src)
     finally:
-        span_token.tokenize_inner = saved
+        span_token.tokenize_inner, block_token.Paragraph.__init__, block_token.Table.__init__ = saved  # type: ignore[method-assign]
+
+
+def _leaf(self: Any, _lines: Any) -> None:
+    """A block token's ``__init__`` that keeps nothing (see ``_mistletoe``)."""
 
 
 def _raw_inner(content: str) -> list[Any]:
