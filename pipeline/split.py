@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from .models import ATOMIC_KINDS, Block, BlockKind, ChunkType, Draft, Piece, Policy, Section
-from .tokens import Counter, cut_at
+from .tokens import Counter
 
 #: How piece kinds show in ``block_type``.
 _OUTPUT_KIND: dict[str, ChunkType] = {
@@ -59,11 +59,8 @@ class Splitter:
 
     def split_section(self, section: Section) -> list[Draft]:
         prefix = self.prefix(section)
-        if prefix not in self.prefix_tokens:  # the line is counted already: add its blank line
-            line = len(prefix) - 2
-            self.prefix_tokens[prefix] = self.counter.count_joined(
-                prefix, 0, len(prefix), ((0, line, self.count(prefix[:line])),)
-            )
+        if prefix not in self.prefix_tokens:
+            self.prefix_tokens[prefix] = self.count(prefix)
         budget = max(self.target - self.prefix_tokens[prefix] - 1, 1)
         pieces: list[Piece] = []
         heading_tokens = 0
@@ -300,11 +297,7 @@ class Splitter:
         embed = prefix + (header + "\n" + body if header else body)
         kinds = {_OUTPUT_KIND[p.kind] for p in run if p.kind != "heading"}
         block_type: ChunkType = kinds.pop() if len(kinds) == 1 else ("heading" if not kinds else "mixed")
-        if header or (prefix and not cut_at(embed, len(prefix))):
-            tokens = self.count(embed)
-        else:  # the pieces are counted already: only their joins are new (tokens.Counter.count_joined)
-            spans = [(p.start, p.end, p.tokens) for p in run]
-            tokens = self.prefix_tokens[prefix] + self.counter.count_joined(self.text, start, end, spans)
+        tokens = self.count(embed)
         return Draft(section, run, i, block_type, embed, tokens)
 
 

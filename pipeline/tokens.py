@@ -13,8 +13,7 @@ import gzip
 import hashlib
 import importlib.resources
 import time
-import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -101,101 +100,6 @@ class Counter:
                     self._cache.clear()
                 self._cache[text] = n
         return n
-
-    def count_joined(self, text: str, start: int, end: int, parts: Sequence[tuple[int, int, int]]) -> int:
-        r"""Exact tokens in ``text[start:end]``, given ``(part_start, part_end, tokens)`` of parts in it.
-
-        The pre-tokenizers of cl100k and o200k (tiktoken's ``pat_str``) never join
-        a newline to a following character that is not blank and not ``/``: a
-        part starting there splits the count in two (see ``cut_at``). A part
-        followed by blank lines up to such a point costs its own tokens plus its
-        blank lines, joined to its trailing punctuation when it ends in some
-        (``.\n\n`` is one pre-token): those small strings are counted, and cached.
-        Anything else (overlapping parts, other text between parts) is counted in full.
-        """
-        if not parts or parts[0][0] != start or any(s >= e for s, e, _ in parts):
-            return self.count(text[start:end])
-        total = 0
-        seg = 0  # index of the part that opens the current segment
-        for i in range(1, len(parts) + 1):
-            if i < len(parts):
-                if parts[i][0] < parts[i - 1][1]:
-                    return self.count(text[start:end])
-                if not cut_at(text, parts[i][0], end):
-                    continue
-                seg_end = parts[i][0]
-            else:
-                seg_end = end
-            p_start, p_end, tokens = parts[seg]
-            if i - seg == 1 and p_end == seg_end:
-                total += tokens
-            elif i - seg == 1 and p_end < seg_end:
-                total += self._with_gap(text, p_start, p_end, seg_end, tokens)
-            else:
-                total += self.count(text[p_start:seg_end])
-            seg = i
-        return total
-
-    def _with_gap(self, text: str, start: int, end: int, gap_end: int, tokens: int) -> int:
-        """Tokens of ``text[start:gap_end]``: a part of ``tokens`` tokens, then blank lines."""
-        gap = text[end:gap_end]
-        tail = _tail_start(text, start, end) if not gap.strip(" \t\n") else None
-        if tail is None:
-            return self.count(text[start:gap_end])
-        if tail == end:
-            return tokens + self.count(gap)
-        last = text[tail:end]
-        if len(last) > _CACHE_CHARS // 2:
-            return self.count(text[start:gap_end])
-        return tokens - self.count(last) + self.count(last + gap)
-
-
-def cut_at(text: str, k: int, stop: int | None = None) -> bool:
-    r"""True when ``count(t) == count(t[:k]) + count(t[k:])`` for ``t = text[:stop]``, cl100k and o200k.
-
-    That holds when ``text[k - 1]`` is a newline and ``text[k]`` opens no pre-token
-    that could take it in: not ``/`` (o200k's punctuation run takes ``[\r\n/]*``),
-    and no blank run that reaches another newline. Checked over every corpus and by
-    the property tests in ``tests/test_count_joined.py``.
-    """
-    stop = len(text) if stop is None else stop
-    if k <= 0 or k >= stop or text[k - 1] != "\n":
-        return False
-    ch = text[k]
-    if ch == "/":
-        return False
-    if ch.isspace():
-        j = k
-        while j < stop and text[j] in " \t":
-            j += 1
-        return j > k and j < stop and not text[j].isspace()
-    return True
-
-
-def _tail_start(text: str, start: int, end: int) -> int | None:
-    r"""Where the last pre-token of ``text[start:end]`` starts, if a newline after it may join it.
-
-    ``end`` itself when the text ends in a letter or digit (no pre-token joins
-    those to a newline); the start of a closing run of punctuation and symbols,
-    with one space before it, when it ends in one (`` ?[^\s\p{L}\p{N}]+[\r\n]*``);
-    None when unsure (marks, controls, other blanks): the caller counts in full.
-    """
-    if unicodedata.category(text[end - 1])[0] in "LN":
-        return end
-    i = end
-    while i > start and unicodedata.category(text[i - 1])[0] in "PS":
-        i -= 1
-    if i == end:
-        return None
-    if i > start:
-        before = text[i - 1]
-        if before == " ":
-            return i - 1
-        if before == "\n" and text[i] == "/":  # o200k's ``[\r\n/]*`` may run on from before
-            return None
-        if before not in "\t\n" and unicodedata.category(before)[0] not in "LN":
-            return None
-    return i
 
 
 _ASCII_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
