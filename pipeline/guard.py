@@ -36,6 +36,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import pickle
+import select
 import signal
 import threading
 import time
@@ -43,8 +45,7 @@ import traceback
 from collections import deque
 from collections.abc import Iterator, Sequence
 from multiprocessing import get_context
-from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import ForkingPickler
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from .errors import StageError
@@ -201,11 +202,16 @@ def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
 
 
 class _Worker:
-    __slots__ = ("conn", "deadline", "proc", "queue", "retiring", "writing")
+    __slots__ = ("conn", "deadline", "fds", "proc", "queue", "readable", "retiring", "writing")
 
     def __init__(self, proc: BaseProcess, conn: Connection) -> None:
         self.proc = proc
         self.conn = conn
+        self.fds = (conn.fileno(), proc.sentinel)
+        # ``Connection.poll`` and ``multiprocessing.connection.wait`` build a selector per
+        # call; a document costs several of those calls, so the parent keeps its own polls
+        self.readable = select.poll()
+        self.readable.register(self.fds[0], select.POLLIN)
         #: the jobs sent and not answered yet, in order: the first is the one running
         self.queue: deque[tuple[int, Job]] = deque()
         self.deadline = math.inf
@@ -265,7 +271,7 @@ class GuardPool:
 
     def _send(self, worker: _Worker, index: int, job: Job) -> bool:
         """Hand ``job`` to ``worker``; False (nothing sent) when it must wait its turn."""
-        data = ForkingPickler.dumps(job)
+        data = pickle.dumps(job, pickle.HIGHEST_PROTOCOL)  # plain data: no fork-aware pickler needed
         if worker.queue and len(data) > self.AHEAD_BYTES:
             return False
         worker.conn.send_bytes(data)
@@ -281,6 +287,7 @@ class GuardPool:
         busy: list[_Worker] = []
         done: dict[int, DocResult] = {}
         next_out = 0
+        watch = select.poll()  # the busy workers' pipes and sentinels
         try:
             while next_out < len(jobs):
                 while pending and len(busy) < self.size:
@@ -292,6 +299,8 @@ class GuardPool:
                         continue
                     pending.popleft()
                     busy.append(worker)
+                    for fd in worker.fds:
+                        watch.register(fd, select.POLLIN)
                 for worker in busy:  # the next job waits in the pipe of a worker that has one
                     if pending and len(worker.queue) < self.QUEUE and not worker.retiring:
                         with contextlib.suppress(OSError):  # a dead worker: its sentinel says so
@@ -299,13 +308,15 @@ class GuardPool:
                                 pending.popleft()
                 first = min(w.deadline for w in busy)
                 wait_for = None if first == math.inf else max(0.0, first - time.monotonic())
-                wait([x for w in busy for x in (w.conn, w.proc.sentinel)], wait_for)
+                watch.poll(None if wait_for is None else math.ceil(wait_for * 1000))
                 now = time.monotonic()
                 for worker in list(busy):
                     for index, result in self._poll(worker, now):
                         done[index] = result
                     if not worker.queue or not worker.proc.is_alive() or worker.retiring:
                         busy.remove(worker)
+                        for fd in worker.fds:  # before its fds close and get reused
+                            watch.unregister(fd)
                         pending.extendleft(reversed(worker.queue))  # unanswered: to a fresh worker
                         worker.queue.clear()
                         if worker.proc.is_alive() and not worker.retiring:
@@ -325,7 +336,7 @@ class GuardPool:
 
         out: list[tuple[int, DocResult]] = []
         try:
-            while worker.queue and worker.conn.poll():
+            while worker.queue and worker.readable.poll(0):
                 msg = worker.conn.recv()
                 if msg == _WRITING:
                     worker.writing = True

@@ -528,6 +528,7 @@ def _record(result: DocResult, run: _Run) -> None:
     before = dict(zip(prev.get("files", ()), prev.get("chunk_ids", ()), strict=False))
     added = set(result.added)
     moved = added | set(result.changed)
+    ts = now_iso()  # one document's writes, one moment
     for i, file in enumerate(result.files):
         if file not in moved:
             continue
@@ -539,6 +540,7 @@ def _record(result: DocResult, run: _Run) -> None:
                 "ingest.write",
                 run.run_id,
                 run.generation,
+                ts=ts,
                 file=file,
                 id=result.ids[i],
                 chunk_id=result.chunk_ids[i],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 BlockKind = Literal[
     "heading",
@@ -73,12 +73,13 @@ class SourceDoc:
     warnings: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
+class Block(NamedTuple):
     """A Markdown block with its exact place in the canonical text.
 
     ``[start, end)`` is a char span with trailing blank lines dropped; lines are
     1-based and inclusive. Containers (list, item, quote) carry their children.
+    A named tuple, not a frozen dataclass: as immutable, and built ~6x faster (a
+    corpus makes hundreds of thousands of blocks and pieces).
     """
 
     kind: BlockKind
@@ -102,9 +103,8 @@ class Section:
     blocks: tuple[Block, ...]  #: the heading block first, when there is one
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """A unit the splitter packs: a whole block or a piece of one."""
+class Piece(NamedTuple):
+    """A unit the splitter packs: a whole block or a piece of one (a named tuple, as ``Block``)."""
 
     start: int
     end: int

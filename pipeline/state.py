@@ -170,12 +170,12 @@ def append_feed(out: Path, events: Iterable[dict[str, Any]]) -> int:
     return lines.count(b"\n")
 
 
-def event(kind: str, run_id: str, generation: int, **fields: Any) -> dict[str, Any]:
-    """One change-feed line: the 004 envelope plus what moved."""
+def event(kind: str, run_id: str, generation: int, *, ts: str | None = None, **fields: Any) -> dict[str, Any]:
+    """One change-feed line: the 004 envelope plus what moved (``ts``: now, unless given)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "event": kind,
-        "ts": now_iso(),
+        "ts": ts or now_iso(),
         "trace_id": run_id,
         "agent_id": "chunkyard",
         "mem_rev": f"r{generation}",
