@@ -111,10 +111,15 @@ class Lines:
         return bisect_right(self.starts, offset)
 
     def is_blank(self, line: int) -> bool:
+        return self.blanks[line - 1]
+
+    @property
+    def blanks(self) -> list[bool]:
+        """Whether each line is blank (index 0 is line 1), computed on first use."""
         blank = self._blank
         if blank is None:  # one pass over the text, the first time it is asked
             blank = self._blank = [not s.strip() for s in self.text.split("\n")]
-        return blank[line - 1]
+        return blank
 
 
 def parse(doc: SourceDoc) -> tuple[Block, ...]:
@@ -208,10 +213,10 @@ def _own_end(tok: Any, begin: int, limit: int, lines: Lines) -> int:
     if name in ("Paragraph", "Table") or (
         name == "HtmlBlock" and not _HTML_KEEPS_BLANKS.match(lines.text, lines.start(begin), lines.end(begin))
     ):
-        for ln in range(begin + 1, limit + 1):
-            if lines.is_blank(ln):
-                return ln - 1
-        return limit
+        try:  # the line before the first blank line after ``begin`` (blanks[i] is line i + 1)
+            return lines.blanks.index(True, begin, limit)
+        except ValueError:
+            return limit
     while limit > begin and lines.is_blank(limit):
         limit -= 1
     return limit
