@@ -336,7 +336,8 @@ def _tokenize_block(iterable: Any, token_types: Any, start_line: int = 1) -> Any
     """mistletoe's ``tokenize_block``, with a fast path (speed only, same tokens).
 
     A line that starts with a letter and holds no ``|`` opens a paragraph whenever all
-    the other token types are in ``NO_LETTER_START``: no ``start`` check is needed.
+    the other token types are in ``NO_LETTER_START``, and an empty line opens nothing:
+    no ``start`` check is needed for either.
     """
     key = tuple(token_types)
     plain_first = _PLAIN_FIRST.get(key)
@@ -349,7 +350,10 @@ def _tokenize_block(iterable: Any, token_types: Any, start_line: int = 1) -> Any
     parse_buffer = block_tokenizer.ParseBuffer()  # type: ignore[no-untyped-call]
     line = lines.peek()  # type: ignore[no-untyped-call]
     while line is not None:
-        if plain_first and line[:1].isalpha() and "|" not in line:
+        if plain_first and line == "\n":  # an empty line starts nothing either
+            next(lines)
+            parse_buffer.loose = True
+        elif plain_first and line[:1].isalpha() and "|" not in line:
             line_number = lines.line_number() + 1  # type: ignore[no-untyped-call]
             result = block_token.Paragraph.read(lines)  # type: ignore[no-untyped-call]
             parse_buffer.append((block_token.Paragraph, result, line_number))
