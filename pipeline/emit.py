@@ -81,6 +81,8 @@ def stable_view(record: dict[str, Any]) -> dict[str, Any]:
 
 def unchanged(path: Path, record: dict[str, Any]) -> bool:
     """True when the file on disk already says the same, volatile fields aside."""
+    if not os.access(path, os.F_OK):  # a new file (the common case): no exception to raise
+        return False
     try:
         old = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):
