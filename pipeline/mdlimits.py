@@ -119,6 +119,19 @@ _ATX = re.compile(r" {0,3}#{1,6}(?:[ \t]|\n|$)")
 _BREAK = re.compile(r" {0,3}(?:(?:\*[ \t]*){3,}|(?:-[ \t]*){3,}|(?:_[ \t]*){3,}|=+[ \t]*)\n?$")
 
 
+def _last_item(prefix: str) -> tuple[int, int] | None:
+    """The last list mark in a line's container marks: the quotes before it, and the column
+    its content starts at (after the mark and its blanks; a nested mark may follow there)."""
+    found = None
+    for mark in _MARK.finditer(prefix):
+        if mark[0] != ">":
+            col = mark.end()
+            while col < len(prefix) and prefix[col] == " ":
+                col += 1
+            found = (prefix.count(">", 0, mark.start()), col)
+    return found
+
+
 class _Lazy:
     """Whether a paragraph may still be open in a container, line by line (for lazy lines).
 
@@ -148,15 +161,20 @@ class _Lazy:
     def feed(self, line: str) -> None:
         marks = _CONTAINER_MARKS.match(line).end()  # type: ignore[union-attr]
         prefix, inner = line[:marks].expandtabs(4), line[marks:]
-        quotes = prefix.count(">")
-        opens_item = marks > 0 and prefix.rstrip()[-1:] != ">"  # the innermost mark is a list mark
-        in_item = opens_item
-        if opens_item:
-            self.item_depth, self.item_col = quotes, len(prefix)
-        elif self.item_depth == quotes and inner.strip():
+        item = _last_item(prefix)
+        # directly in a list item (not in a quote inside it): indents count from its content
+        in_item = prefix.rstrip()[-1:] not in ("", ">")
+        if item is None and self.item_depth == prefix.count(">") and inner.strip():
             need = self.item_col - len(prefix)
-            if 0 < need <= _indent(inner):
-                inner, in_item = inner.expandtabs(4)[need:], True
+            if 0 < need <= _indent(inner):  # inside the last list item: its indent, then its marks
+                inner = inner.expandtabs(4)
+                more = _CONTAINER_MARKS.match(inner, need).end()  # type: ignore[union-attr]
+                prefix, inner = prefix + inner[:more], inner[more:]
+                item = _last_item(prefix)
+                in_item = more == need or prefix.rstrip()[-1:] != ">"
+        if item is not None:
+            self.item_depth, self.item_col = item
+        quotes = prefix.count(">")
         column = len(prefix) + _indent(inner)  # where this line's content starts
         # an indent counts from the innermost container this line is known to be in
         code_indent = in_item or self.item_depth is None or quotes > self.item_depth
@@ -170,8 +188,8 @@ class _Lazy:
             self.paragraph = False
             return
         if self.fence is not None:
-            char, length, around, item = self.fence
-            left = quotes < around or (item is not None and bool(inner.strip()) and column < item)
+            char, length, around, fence_col = self.fence
+            left = quotes < around or (fence_col is not None and bool(inner.strip()) and column < fence_col)
             if not left:
                 closer = _FENCE_CLOSER.fullmatch(inner)
                 if closer and closer[1][0] == char and len(closer[1]) >= length:
