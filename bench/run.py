@@ -15,11 +15,14 @@ folder, so each tool sees one corpus of the same files. Then:
   mistletoe's ``Document()`` alone; and, when ``pip install .[bench]`` put them
   there, LangChain and Chonkie at the same 512-token target.
 
-Each tool gets a warm-up run, then ``--runs`` timed runs; the table shows medians
+The tools take turns, one run each per round (``--runs`` rounds after a warm-up round
+for chunkyard; each peer warms up in its own process before its timed pass), so a
+machine that slows down for a while slows them all; the table shows medians
 of wall seconds and of CPU seconds (user + system, workers included): on a busy
 machine the CPU seconds say more. Output folders go under ``--scratch`` (default
 ``bench/results/``, where a real ``chunks/`` would be); they are synced to disk after
-each run and removed only at the end (see ``bench_chunkyard`` for why). Results are written to ``bench/results/`` as JSON (and the table as Markdown).
+each run and removed only at the end (see ``chunkyard_once`` for why). Results are
+written to ``bench/results/`` as JSON (and the table as Markdown).
 """
 
 from __future__ import annotations
@@ -172,57 +175,56 @@ def chunkyard_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "pipeline"]
 
 
-def create_cost_us(scratch: Path, n: int = 300) -> float:
-    """Kernel microseconds to create one empty file beside the outputs, right now.
+def create_cost_us(scratch: Path, n: int = 500) -> float:
+    """Microseconds to create one empty file beside the outputs, right now (wall, kernel-bound).
 
-    On ext4 without a journal this jumps from ~20 to ~700 for minutes after many files
+    On ext4 without a journal this jumps from ~20-50 to ~700 for minutes after many files
     were deleted anywhere near (the allocator steps over recently freed inodes): a run
     with a high figure spent its ``write`` stage waiting on that, not on chunkyard.
     """
     folder = Path(tempfile.mkdtemp(prefix="probe-", dir=scratch))
-    before = os.times()
+    started = time.perf_counter()
     for k in range(n):
         os.close(os.open(folder / f"p{k}", os.O_WRONLY | os.O_CREAT, 0o644))
-    return (os.times().system - before.system) / n * 1e6
+    return (time.perf_counter() - started) / n * 1e6
 
 
-def bench_chunkyard(corpus: Path, jobs: int, runs: int, scratch: Path) -> dict[str, Any]:
-    rows = []
-    for i in range(runs + 1):
-        create_us = create_cost_us(scratch)
-        out = Path(tempfile.mkdtemp(prefix=f"out-j{jobs}-", dir=scratch))
-        cmd = [*chunkyard_cmd(), "ingest", str(corpus), "--out", str(out)]
-        cmd += ["--full", "--jobs", str(jobs), "--json", "--quiet"]
-        timed = run_timed(cmd, sample=True)
-        # The output stays until the whole benchmark is done: on ext4 without a journal (this
-        # machine's disk) a file created within minutes of many deletes pays for them, since
-        # the inode allocator steps over every recently freed inode (``recently_deleted``),
-        # and 30 000 of them made each chunk file cost ~0.7 ms of kernel time instead of ~0.05.
-        os.sync()  # nor may this run's dirty pages be flushed on the next run's time
-        summary = json.loads(timed.stdout)
-        if summary["failed"]:
-            print(f"  warning: {summary['failed']} documents failed", file=sys.stderr)
-        row = {
-            "seconds": timed.seconds,
-            "cpu": timed.cpu,
-            "sys": timed.sys,
-            "rss_mb": timed.rss_mb,
-            "pss_mb": timed.pss_mb,
-            "documents": summary["documents"],
-            "chunks": summary["chunks"],
-            "bytes": summary["bytes"],
-            "internal_seconds": summary["seconds"],
-            "stage_seconds": summary.get("stage_seconds", {}),
-            "create_us": create_us,
-        }
-        label = "warm-up" if i == 0 else f"run {i}"
-        print(
-            f"  chunkyard jobs={jobs} {label}: {timed.seconds:.2f} s, cpu {timed.cpu:.2f} s "
-            f"(system {timed.sys:.2f} s; creating a file cost {create_us:.0f} µs before the run)",
-            flush=True,
-        )
-        if i:
-            rows.append(row)
+def chunkyard_once(corpus: Path, jobs: int, scratch: Path, label: str) -> dict[str, Any]:
+    """One ``chunkyard ingest --full`` into a fresh folder, timed from process start to exit."""
+    create_us = create_cost_us(scratch)
+    out = Path(tempfile.mkdtemp(prefix=f"out-j{jobs}-", dir=scratch))
+    cmd = [*chunkyard_cmd(), "ingest", str(corpus), "--out", str(out)]
+    cmd += ["--full", "--jobs", str(jobs), "--json", "--quiet"]
+    timed = run_timed(cmd, sample=True)
+    # The output stays until the whole benchmark is done: on ext4 without a journal (this
+    # machine's disk) a file created within minutes of many deletes pays for them, since
+    # the inode allocator steps over every recently freed inode (``recently_deleted``),
+    # and 30 000 of them made each chunk file cost ~0.7 ms of kernel time instead of ~0.05.
+    os.sync()  # nor may this run's dirty pages be flushed on the next run's time
+    summary = json.loads(timed.stdout)
+    if summary["failed"]:
+        print(f"  warning: {summary['failed']} documents failed", file=sys.stderr)
+    print(
+        f"  chunkyard jobs={jobs} {label}: {timed.seconds:.2f} s, cpu {timed.cpu:.2f} s "
+        f"(system {timed.sys:.2f} s; creating a file took {create_us:.0f} µs just before)",
+        flush=True,
+    )
+    return {
+        "seconds": timed.seconds,
+        "cpu": timed.cpu,
+        "sys": timed.sys,
+        "rss_mb": timed.rss_mb,
+        "pss_mb": timed.pss_mb,
+        "documents": summary["documents"],
+        "chunks": summary["chunks"],
+        "bytes": summary["bytes"],
+        "internal_seconds": summary["seconds"],
+        "stage_seconds": summary.get("stage_seconds", {}),
+        "create_us": create_us,
+    }
+
+
+def chunkyard_row(jobs: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     stages = {s: statistics.median(r["stage_seconds"].get(s, 0.0) for r in rows) for s in STAGES}
     return {
         "tool": f"chunkyard jobs={jobs}",
@@ -240,25 +242,34 @@ def bench_chunkyard(corpus: Path, jobs: int, runs: int, scratch: Path) -> dict[s
     }
 
 
-def bench_peer(tool: str, file_list: Path, runs: int, n_docs: int) -> dict[str, Any] | None:
+def peer_available(tool: str) -> bool:
     needs = {"langchain": "langchain_text_splitters", "chonkie": "chonkie", "mistletoe": "mistletoe"}[tool]
     if importlib.util.find_spec(needs) is None:
         print(f"  {tool}: not installed (pip install '.[bench]'); skipped", file=sys.stderr)
-        return None
-    cmd = [sys.executable, str(HERE / "peers.py"), tool, str(file_list), "--runs", str(runs)]
+        return False
+    return True
+
+
+def peer_once(tool: str, file_list: Path, label: str) -> dict[str, Any]:
+    """One timed pass of a peer over the preloaded files, after a warm-up pass in its process."""
+    cmd = [sys.executable, str(HERE / "peers.py"), tool, str(file_list), "--runs", "1"]
     timed = run_timed(cmd, sample=False)
     result = json.loads(timed.stdout)
-    print(f"  {tool}: {', '.join(f'{s:.2f}' for s in result['seconds'])} s", flush=True)
+    print(f"  {tool} {label}: {result['seconds'][0]:.2f} s", flush=True)
+    return {"seconds": result["seconds"][0], "cpu": result["cpu"][0], "chunks": result["chunks"], "rss_mb": timed.rss_mb}
+
+
+def peer_row(tool: str, rows: list[dict[str, Any]], n_docs: int) -> dict[str, Any]:
     return {
         "tool": tool,
         "jobs": 1,
         "documents": n_docs,
-        "chunks": result["chunks"] or None,
-        "seconds": statistics.median(result["seconds"]),
-        "cpu": statistics.median(result["cpu"]),
-        "rss_mb": timed.rss_mb,
+        "chunks": rows[0]["chunks"] or None,
+        "seconds": statistics.median(r["seconds"] for r in rows),
+        "cpu": statistics.median(r["cpu"] for r in rows),
+        "rss_mb": max(r["rss_mb"] for r in rows),
         "pss_mb": None,
-        "runs": result["seconds"],
+        "runs": [r["seconds"] for r in rows],
     }
 
 
@@ -383,12 +394,23 @@ def main() -> None:
             (corpus / name).symlink_to((args.root / name).resolve(), target_is_directory=True)
         file_list = scratch / "files.txt"
         file_list.write_text("".join(f"{f}\n" for f in files), encoding="utf-8")
-        for jobs in (int(j) for j in args.jobs.split(",")):
-            rows.append(bench_chunkyard(corpus, jobs, args.runs, scratch))
-        for tool in ("mistletoe",) if args.no_peers else ("mistletoe", "langchain", "chonkie"):
-            row = bench_peer(tool, file_list, args.runs, len(files))
-            if row:
-                rows.append(row)
+        # Round by round, every tool once per round: a machine that slows down for a while
+        # (shared hosts do) slows every tool alike, so the ratios stay meaningful.
+        job_counts = [int(j) for j in args.jobs.split(",")]
+        peers = [t for t in (("mistletoe",) if args.no_peers else ("mistletoe", "langchain", "chonkie")) if peer_available(t)]
+        ours: dict[int, list[dict[str, Any]]] = {j: [] for j in job_counts}
+        theirs: dict[str, list[dict[str, Any]]] = {t: [] for t in peers}
+        for round_ in range(args.runs + 1):
+            label = "warm-up" if round_ == 0 else f"run {round_}"
+            for jobs in job_counts:
+                row = chunkyard_once(corpus, jobs, scratch, label)
+                if round_:
+                    ours[jobs].append(row)
+            if round_:  # a peer warms up inside its own process each time
+                for tool in peers:
+                    theirs[tool].append(peer_once(tool, file_list, label))
+        rows.extend(chunkyard_row(j, ours[j]) for j in job_counts)
+        rows.extend(peer_row(t, theirs[t], len(files)) for t in peers)
 
     report = [
         f"\n## chunkyard bench: {', '.join(names)} ({len(files)} documents, {mb:.2f} MB)",
@@ -412,8 +434,8 @@ def main() -> None:
     probes = [r["create_us"] for r in rows if "create_us" in r]
     if probes:
         report.append(
-            f"\nCreating an empty file beside the outputs cost {min(probes):.0f}–{max(probes):.0f} µs of "
-            "kernel time before the runs (median per tool); ~20–50 µs is a quiet disk. Much more means "
+            f"\nCreating an empty file beside the outputs took {min(probes):.0f}–{max(probes):.0f} µs "
+            "just before the runs (median per tool); ~20–50 µs is a quiet disk. Much more means "
             "recently deleted files nearby (ext4 without a journal steps over freed inodes), and the "
             "`write` stage and the chunkyard ratios pay for it: run again a few minutes later."
         )
