@@ -251,6 +251,7 @@ class GuardPool:
         self.memory_mb = max(0, memory_mb)
         self._ctx: Any = get_context("fork")  # children inherit the loaded tokenizer
         self._idle: list[_Worker] = []
+        self._held: tuple[int, bytes] | None = None  #: a big job waiting for an empty pipe
 
     def _spawn(self) -> _Worker:
         mine, theirs = self._ctx.Pipe(duplex=True)
@@ -271,9 +272,14 @@ class GuardPool:
 
     def _send(self, worker: _Worker, index: int, job: Job) -> bool:
         """Hand ``job`` to ``worker``; False (nothing sent) when it must wait its turn."""
-        data = pickle.dumps(job, pickle.HIGHEST_PROTOCOL)  # plain data: no fork-aware pickler needed
+        if self._held is not None and self._held[0] == index:  # turned away before: pickled already
+            data = self._held[1]
+        else:  # plain data: no fork-aware pickler needed
+            data = pickle.dumps(job, pickle.HIGHEST_PROTOCOL)
         if worker.queue and len(data) > self.AHEAD_BYTES:
+            self._held = (index, data)
             return False
+        self._held = None
         worker.conn.send_bytes(data)
         if not worker.queue:
             worker.deadline = time.monotonic() + self.timeout
@@ -284,6 +290,7 @@ class GuardPool:
     def run(self, jobs: Sequence[Job]) -> Iterator[DocResult]:
         """Process ``jobs``; yield their results in the order of ``jobs``."""
         pending = deque(enumerate(jobs))
+        self._held = None  # indexes are this run's
         busy: list[_Worker] = []
         done: dict[int, DocResult] = {}
         next_out = 0

@@ -81,10 +81,9 @@ _installed: dict[str, Any] = {}
 def install(max_depth: int) -> None:
     """Patch mistletoe (idempotent): nesting deeper than ``max_depth`` is not parsed."""
     _installed["max_depth"] = max_depth
-    if "tokenize_block" in _installed:
+    if _installed.get("patched"):
         return
-    original = block_tokenizer.tokenize_block
-    _installed["tokenize_block"] = original
+    _installed["patched"] = True
 
     def tokenize_block(iterable: Any, token_types: Any, start_line: int = 1) -> Any:
         depth = getattr(_state, "depth", 0)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from blake3 import blake3
 
 from .models import Chunk, Draft, Policy, SourceDoc
 from .tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from .parse import Lines
 
 CHUNKER_VERSION = "md-heading-v1"
 SCHEMA_VERSION = "1.0.0"
@@ -98,6 +101,7 @@ def mint(
     processed_at: str,
     processing_ms: float,
     version: str,
+    lines: Lines | None = None,
 ) -> list[Chunk]:
     """Turn drafts into chunk records, linked in reading order."""
     name = doc.doc_name
@@ -112,9 +116,10 @@ def mint(
     p_hash = policy_hash(policy)
     analyzer = "verbatim+context-prefix" if policy.context_prefix else "verbatim"
     total = len(drafts)
-    from .parse import Lines  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
+    if lines is None:
+        from .parse import Lines  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
 
-    lines = Lines.of(doc.text)
+        lines = Lines(doc.text)
     chunks = []
     widths: dict[str, int] = {}  # b= is 3 digits, wider for a whole section past 999 pieces
     for d in drafts:

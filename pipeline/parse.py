@@ -75,9 +75,6 @@ _KIND_BY_TOKEN: dict[str, BlockKind] = {
 }
 
 
-_LAST_LINES: list[Lines | None] = [None]
-
-
 class Lines:
     """Line ↔ char offset arithmetic over one canonical text (lines are 1-based)."""
 
@@ -89,14 +86,6 @@ class Lines:
         lengths = map(len, text.split("\n"))  # a line starts one past the previous one's end
         self.starts = list(accumulate(map((1).__add__, lengths), initial=0))[:-1]
         self.count = len(self.starts)
-
-    @classmethod
-    def of(cls, text: str) -> Lines:
-        """The ``Lines`` of ``text``, shared by the stages that see the same text in a row."""
-        last = _LAST_LINES[0]
-        if last is None or last.text is not text:
-            last = _LAST_LINES[0] = cls(text)
-        return last
 
     def start(self, line: int) -> int:
         """Char offset where ``line`` begins."""
@@ -122,9 +111,13 @@ class Lines:
         return blank
 
 
-def parse(doc: SourceDoc) -> tuple[Block, ...]:
-    """Top-level blocks of the body (front matter excluded), in document order."""
-    lines = Lines.of(doc.text)
+def parse(doc: SourceDoc, lines: Lines | None = None) -> tuple[Block, ...]:
+    """Top-level blocks of the body (front matter excluded), in document order.
+
+    ``lines``: the ``Lines`` of ``doc.text``, when the caller has them (mint needs them too).
+    """
+    if lines is None:
+        lines = Lines(doc.text)
     body = doc.text[doc.body_start :]
     if not body.strip():
         return ()

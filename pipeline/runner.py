@@ -25,7 +25,7 @@ from .errors import PipelineError, SchemaError, StageError
 from .mint import doc_uid, mint, sha1_8
 from .models import Chunk, Policy, SourceDoc
 from .normalize import DEFAULT_MAX_BYTES, normalize, read_source
-from .parse import parse
+from .parse import Lines, parse
 from .redirects import Chunklet, match
 from .sections import build_sections, file_title, outline
 from .split import Splitter
@@ -67,7 +67,8 @@ def chunk_document(
     timer = timer or Timer()
     doc = normalize(raw, rel_path)
     timer.lap("normalize")
-    blocks = parse(doc)
+    lines = Lines(doc.text)  # line arithmetic, shared by parse and mint
+    blocks = parse(doc, lines)
     timer.lap("parse")
     sections = build_sections(blocks)
     title = file_title(doc, blocks)
@@ -88,6 +89,7 @@ def chunk_document(
         processed_at=processed_at,
         processing_ms=round((time.perf_counter() - t0) * 1000, 3),
         version=__version__,
+        lines=lines,
     )
     timer.lap("mint")
     return doc, chunks

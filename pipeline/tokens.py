@@ -72,7 +72,7 @@ def _toktok_count(name: str) -> Callable[[str], int]:
     return count
 
 
-#: Texts up to this long have their counts remembered (prefixes, gaps, short blocks).
+#: Texts up to this long have their counts remembered (context prefixes, short pieces).
 _CACHE_CHARS = 256
 _CACHE_ENTRIES = 1 << 15
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, settings
 
 from pipeline.models import Chunk, Policy, SourceDoc
 from pipeline.parse import parse
-from pipeline.runner import chunk_document
+from pipeline.runner import chunk_document, counter
 from pipeline.tokens import get_encoding
 
 TESTS = Path(__file__).resolve().parent
@@ -33,6 +34,25 @@ CHECKER = SHARED / "tools" / "check_chunks.py"
 SCHEMA = ROOT / "schemas" / "chunk.schema.json"
 SAMPLE_CORPUS = ROOT / "corpus"
 REGEN = os.environ.get("CHUNKYARD_REGEN") == "1"
+
+NOBODY = 65534  #: the uid and gid of ``nobody``
+
+
+@contextmanager
+def as_nobody() -> Iterator[None]:
+    """Root reads anything: drop the effective ids (the workers fork with them) for a while."""
+    if os.geteuid() != 0:
+        yield
+        return
+    counter("cl100k_base")  # the tokenizer is loaded now, before anything forks
+    os.setegid(NOBODY)
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
 
 #: Block types that may go over the target (SPEC §4 rules 2, 3, 5).
 ATOMIC_TYPES = frozenset({"code", "table", "image", "html", "formula"})

@@ -9,12 +9,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from conftest import NOBODY, as_nobody
 
 import pipeline.ingest as ingest_mod
 import pipeline.runner  # noqa: F401 - loaded before any test drops privileges
@@ -23,7 +23,6 @@ from pipeline.ingest import Options, Summary, ingest
 from pipeline.runner import counter
 from pipeline.state import MANIFEST, STATE_DIR
 
-NOBODY = 65534
 GOOD = "# Good\n\nA perfectly fine document.\n\n## Part\n\nWith two sections and some words.\n"
 VICTIM = "# Victim\n\nThis document will be broken later.\n\n## Part\n\nIts chunks must survive that.\n"
 
@@ -120,17 +119,6 @@ def test_file_that_vanishes_mid_run(built: tuple[Path, Path], monkeypatch: pytes
     monkeypatch.undo()
     summary = run(corpus, out)  # next run: it is simply gone
     assert summary.exit_code == 0 and not [k for k in files_of(out) if "victim" in k]
-
-
-@contextmanager
-def as_nobody() -> Iterator[None]:
-    os.setegid(NOBODY)
-    os.seteuid(NOBODY)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
 
 
 @pytest.fixture

@@ -20,12 +20,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CHECKER, SCHEMA, Chunked, invariant_errors, load_checker
+from conftest import CHECKER, SCHEMA, Chunked, as_nobody, invariant_errors, load_checker
 from make_hostile_corpus import LONG_STEM, Case, make_hostile_corpus
 
 import pipeline.runner as runner_mod
@@ -36,7 +35,6 @@ from pipeline.normalize import normalize
 from pipeline.runner import DocResult, Job, chunk_document, counter
 from pipeline.state import MANIFEST, STATE_DIR
 
-NOBODY = 65534
 DOC_TIMEOUT = 8  # seconds; the slow documents take minutes, the good ones under 3 s here
 RUN_LIMIT = 60.0  # seconds for the whole hostile run (issue 7)
 
@@ -336,6 +334,19 @@ def test_a_queued_job_gets_its_own_full_deadline(tmp_path: Path, monkeypatch: py
     assert [r.error for r in results] == [None, None, None]
 
 
+def test_a_job_too_big_to_send_ahead_waits_for_an_empty_pipe(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c", {f"d{i}.md": GOOD for i in range(4)})
+    counter("cl100k_base")
+    pool = GuardPool(1, 30.0, 0)
+    pool.AHEAD_BYTES = 0  # every job is "big": none may wait in a busy worker's pipe
+    try:
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", [f"d{i}.md" for i in range(4)])))
+    finally:
+        pool.close()
+    assert [r.rel_path for r in results] == [f"d{i}.md" for i in range(4)]
+    assert all(r.error is None and r.files for r in results)
+
+
 def test_jobs_waiting_behind_a_crash_go_to_a_fresh_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = runner_mod.chunk_document
 
@@ -393,22 +404,6 @@ os._exit(0)
         time.sleep(0.1)
     else:
         assert not Path(f"/proc/{worker}").exists(), "the worker outlived its parent"
-
-
-@contextmanager
-def as_nobody() -> Iterator[None]:
-    """Root reads anything: drop the effective ids (the workers fork with them) for a while."""
-    if os.geteuid() != 0:
-        yield
-        return
-    counter("cl100k_base")  # the vocabulary is read now, while it can be
-    os.setegid(NOBODY)
-    os.seteuid(NOBODY)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
 
 
 def test_an_unreadable_folder_keeps_its_chunks(world: Path) -> None:
