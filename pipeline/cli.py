@@ -61,12 +61,17 @@ MaxBytesOpt = Annotated[int, typer.Option("--max-bytes", min=1, help="Refuse fil
 DocTimeoutOpt = Annotated[
     float,
     typer.Option(
-        "--doc-timeout", min=0, metavar="SECONDS", help="Stop and report a document that takes longer (0 = no limit)."
+        "--doc-timeout",
+        min=0,
+        metavar="SECONDS",
+        help="Stop and report a document that takes longer (0 = no limit).",
     ),
 ]
 DocMemoryOpt = Annotated[
     int,
-    typer.Option("--doc-memory", min=0, metavar="MIB", help="Memory one document may use, in MiB (0 = no limit)."),
+    typer.Option(
+        "--doc-memory", min=0, metavar="MIB", help="Memory one document may use, in MiB (0 = no limit)."
+    ),
 ]
 WaitOpt = Annotated[
     bool, typer.Option("--wait/--no-wait", help="Wait for another run holding the output lock.")
@@ -192,12 +197,16 @@ def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
     chunked = summary.processed - len(summary.failures) if summary.processed else 0
     rows = (
         ("documents", f"{summary.documents:,}"),
-        ("  chunked / skipped (unchanged) / failed",
-         f"{max(chunked, 0):,} / {summary.skipped:,} / {len(summary.failures):,}"),
+        (
+            "  chunked / skipped (unchanged) / failed",
+            f"{max(chunked, 0):,} / {summary.skipped:,} / {len(summary.failures):,}",
+        ),
         ("chunks", f"{summary.chunks:,}"),
         ("tokens", f"{summary.tokens:,}"),
-        ("files written / unchanged / removed",
-         f"{summary.written:,} / {summary.unchanged:,} / {summary.removed:,}"),
+        (
+            "files written / unchanged / removed",
+            f"{summary.written:,} / {summary.unchanged:,} / {summary.removed:,}",
+        ),
         ("redirects", f"{summary.redirects:,}"),
         ("seconds", f"{summary.seconds:.2f}"),
         ("MB/s", f"{summary.mb_per_s:.2f}"),

@@ -368,7 +368,9 @@ class GuardPool:
             code = worker.proc.exitcode
             worker.kill()
             worker.queue.popleft()
-            out.append((index, DocResult(job.rel_path, error=died_message(job.rel_path, code, self.memory_mb))))
+            out.append(
+                (index, DocResult(job.rel_path, error=died_message(job.rel_path, code, self.memory_mb)))
+            )
         elif now >= worker.deadline:
             worker.kill()
             writing = worker.writing  # killed between two renames: the files may be half new

@@ -60,6 +60,10 @@ import re
 import threading
 from typing import Any
 
+from .punctuation import import_mistletoe
+
+import_mistletoe()  # before mistletoe's own import: see punctuation.py
+
 from mistletoe import block_token, block_tokenizer
 from mistletoe import token as md_token
 
@@ -71,7 +75,9 @@ _PIPE = re.compile(r"(?<!\\)\|")  # a cell separator: a pipe not escaped by a ba
 _ALIGN = re.compile(r":?-+:?")
 _LIST_MARKER = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[-+*])(?:[ \t]|\n|$)")
 #: What markdown-it trims from a table line: ASCII and Unicode blanks (``common/utils.py``).
-_TRIM = "\t\n\x0b\x0c\r \xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+_TRIM = (
+    "\t\n\x0b\x0c\r \xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+)
 _MAX_AUTOCOMPLETED_CELLS = 0x10000  # markdown-it's cap on cells filled in for short rows
 
 _state = threading.local()
@@ -258,7 +264,9 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
         line_buffer.append(content)
         lazy.feed(content)
     breaking_tokens = [
-        t for t in block_token._token_types if hasattr(t, "check_interrupts_paragraph") and t is not block_token.List
+        t
+        for t in block_token._token_types
+        if hasattr(t, "check_interrupts_paragraph") and t is not block_token.List
     ]
     newline_count = 0
     while True:
@@ -295,7 +303,9 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
         newline_count = newline_count + 1 if continuation == "\n" else 0
         next(lines)
         next_line = lines.peek()
-    parse_buffer = block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
+    parse_buffer = block_tokenizer.tokenize_block(
+        line_buffer, block_token._token_types, start_line=start_line
+    )  # type: ignore[no-untyped-call]
     return (parse_buffer, indentation, prepend, leader, start_line), next_marker
 
 
@@ -310,7 +320,9 @@ def _read_quote(cls: Any, lines: Any) -> Any:
     start_line = lines.line_number()
     next_line = lines.peek()
     breaking_tokens = [
-        t for t in block_token._token_types if hasattr(t, "check_interrupts_paragraph") and t is not block_token.Quote
+        t
+        for t in block_token._token_types
+        if hasattr(t, "check_interrupts_paragraph") and t is not block_token.Quote
     ]
     while (
         next_line is not None
@@ -332,7 +344,9 @@ def _read_quote(cls: Any, lines: Any) -> Any:
         next_line = lines.peek()
     block_token.Paragraph.parse_setext = False
     try:  # restored even when parsing fails, or every later document loses its setext headings
-        parse_buffer = block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
+        parse_buffer = block_tokenizer.tokenize_block(
+            line_buffer, block_token._token_types, start_line=start_line
+        )  # type: ignore[no-untyped-call]
     finally:
         block_token.Paragraph.parse_setext = True
     return parse_buffer
@@ -342,8 +356,14 @@ _BREAKERS: dict[tuple[Any, ...], list[Any]] = {}
 #: Block tokens whose ``start`` never accepts a line that begins with a letter and holds no
 #: ``|`` (they need blanks, a mark, ``<``, ``[`` or a pipe first); the parse stage adds its own.
 NO_LETTER_START: set[Any] = {
-    block_token.HtmlBlock, block_token.BlockCode, block_token.Heading, block_token.Quote,
-    block_token.CodeFence, block_token.ThematicBreak, block_token.List, block_token.Table,
+    block_token.HtmlBlock,
+    block_token.BlockCode,
+    block_token.Heading,
+    block_token.Quote,
+    block_token.CodeFence,
+    block_token.ThematicBreak,
+    block_token.List,
+    block_token.Table,
     block_token.Footnote,
 }
 _PLAIN_FIRST: dict[tuple[Any, ...], bool] = {}

@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
+from .punctuation import import_mistletoe
+
+import_mistletoe()  # first: mistletoe's own import spends 0.3 s on a table we ship (punctuation.py)
+
 from mistletoe import block_token, span_token, span_tokenizer
 from mistletoe.block_token import Document
 

@@ -117,6 +117,5 @@ def estimate_tokens(text: str) -> int:
     letters = ascii_chars - len(ascii_bytes.translate(None, _ASCII_LETTERS))
     spaces = text.count(" ")
     return (
-        -(-letters // 3) + (ascii_chars - letters - spaces) + -(-spaces // 4)
-        + 2 * (len(text) - ascii_chars)
+        -(-letters // 3) + (ascii_chars - letters - spaces) + -(-spaces // 4) + 2 * (len(text) - ascii_chars)
     )
