@@ -229,6 +229,8 @@ class Session:
         self._redirects: dict[str, str] | None = None
         self._lock: Any = None
         self._pool: GuardPool | None = None
+        #: the output held no chunk file when the session began (until its first sync)
+        self._empty_out = False
 
     def __enter__(self) -> Self:
         self._lock = output_lock(self.opts.out, self.opts.wait, self.on_wait)
@@ -241,6 +243,7 @@ class Session:
             raise
         self.recovering, sweep = inflight or (set(), False)
         self.sweep_due = sweep or not self.manifest.get("docs")
+        self._empty_out = _holds_nothing(self.opts.out)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -273,7 +276,9 @@ class Session:
             self._redirects = load_redirects(self.opts.out)
         return self._redirects
 
-    def _job(self, f: Found, entry: dict[str, Any] | None, processed_at: str, trusted: bool) -> Job:
+    def _job(
+        self, f: Found, entry: dict[str, Any] | None, processed_at: str, trusted: bool, fresh: bool = False
+    ) -> Job:
         from .runner import Job
 
         entry = entry or {}
@@ -290,6 +295,7 @@ class Session:
             tuple(entry.get("hashes", ())),
             tuple(entry.get("digests", ())),
             trusted,
+            fresh,
         )
 
     def sync(
@@ -336,6 +342,7 @@ class Session:
         found = _drop_name_clashes(found, new_docs, summary)
         summary.documents = len(found)
         processed_at = now_iso()
+        empty_out, self._empty_out = self._empty_out, False  # true for the first sync at most
         jobs: list[Job] = []
         for f in found:
             entry = old_docs.get(f.rel_path)
@@ -345,7 +352,7 @@ class Session:
                 new_docs[f.rel_path] = fresh
                 summary.skipped += 1
                 continue
-            jobs.append(self._job(f, entry, processed_at, trusted=not forced))
+            jobs.append(self._job(f, entry, processed_at, trusted=not forced, fresh=empty_out))
         present = {f.rel_path for f in found}
         gone = sorted(rel for rel in considered if rel in old_docs and rel not in present)
         sweep = paths is None and (opts.full or self.sweep_due)
@@ -372,7 +379,10 @@ class Session:
             summary.chunks += len(entry["files"])
             summary.tokens += int(entry.get("tokens", 0))
         _renames(gone, run)
-        removed, left = _remove_stale(run, considered, sweep=sweep)
+        # an output that was empty holds only what this run wrote, unless a document failed
+        # (a worker stopped while renaming can leave temp files): no orphans to look for
+        walk_out = sweep and not (empty_out and not summary.failures)
+        removed, left = _remove_stale(run, considered, sweep=walk_out)
         summary.removed = len(removed)
         redirects = self._update_redirects(run)
         dirty = (
@@ -661,6 +671,15 @@ def _remove_stale(run: _Run, considered: set[str], *, sweep: bool) -> tuple[list
                 break
             path = path.parent
     return removed, left
+
+
+def _holds_nothing(out: Path) -> bool:
+    """True when ``out`` has nothing in it but chunkyard's own state folder."""
+    try:
+        with os.scandir(out) as entries:
+            return all(e.name == STATE_DIR for e in entries)
+    except OSError:
+        return False
 
 
 def _describe(path: Path) -> tuple[str, str, str, str] | None:

@@ -124,6 +124,9 @@ class Job:
     #: The files on disk are what the manifest says (no crash since, no ``--full``):
     #: a file whose digest is unchanged is then neither read nor written.
     trusted: bool = False
+    #: The output held no chunk file when this run began, and a run writes each file
+    #: once: no target exists yet, so none is looked for.
+    fresh: bool = False
 
 
 @dataclass(slots=True)
@@ -217,7 +220,9 @@ def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
     for chunk, digest in zip(chunks, result.digests, strict=True):
         target = out / chunk.rel_file
         was = before.get(chunk.rel_file)  # None: a new file; "": digest unknown
-        if job.trusted and was:
+        if job.fresh:
+            on_disk = False
+        elif job.trusted and was:
             on_disk = was == digest and target.exists()
         else:
             on_disk = unchanged(target, chunk.record)

@@ -390,3 +390,35 @@ def test_two_sources_with_one_doc_name_are_reported_not_merged(tmp_path: Path) -
     summary = run(corpus, out)  # the clash is gone: a.md gets the name
     assert summary.exit_code == 0
     assert json.loads((out / "doc_a__ch0.json").read_bytes())["metadata"]["sourceFile"] == "a.md"
+
+
+def test_a_first_run_into_an_empty_folder_never_looks_for_old_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing can be there yet: no chunk file is looked up before it is written (make bench)."""
+    import pipeline.runner
+
+    def looked(*_a: object) -> bool:
+        raise AssertionError("looked for an old chunk file")
+
+    monkeypatch.setattr(pipeline.runner, "unchanged", looked)  # the workers fork with it
+    corpus = make_corpus(tmp_path)
+    out = tmp_path / "out"
+    (out / STATE_DIR).mkdir(parents=True)  # a state folder alone is still an empty output
+    first = run(corpus, out)
+    assert not first.failures and first.written == first.chunks > 10
+    again = run(corpus, out, full=True)  # now there are files: each one is compared
+    assert len(again.failures) == again.processed == 5
+    assert all("looked for an old chunk file" in f for f in again.failures)
+
+
+def test_a_first_run_still_sweeps_strays_it_did_not_write(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path)
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "doc_ghost__ch0.json").write_text("{}")
+    (out / "sub" / ".doc_notes__ch0.json.123.tmp").write_text("half")
+    summary = run(corpus, out)
+    assert not summary.failures and summary.removed == 1
+    assert not (out / "doc_ghost__ch0.json").exists() and not list(out.rglob("*.tmp"))
+    assert set(chunk_files(out)) == {f for e in manifest(out)["docs"].values() for f in e["files"]}
