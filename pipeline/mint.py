@@ -24,7 +24,10 @@ MAX_NAME_BYTES = 240
 _UID_UNSAFE = re.compile(r"[|%\s]")
 _MD_LEAD = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,9}[.)]\s+|\|)+")
 _MD_MARKS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)|!?\[([^\]]*)\]\([^)]*\)")  # emphasis, code, links
-_SENTENCE = re.compile(r"(?<=[.!?])\s|(?<=[。！？])")
+#: ``_MD_MARKS`` for a line without ``[`` (no link can match there): all it finds goes.
+_MD_EMPHASIS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)")
+#: A sentence's last character: ``.!?`` before a blank, or a CJK full stop, ! or ?.
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|[。！？]")
 _RULE_LINE = re.compile(r"[|\-: =#*_>]+")  # table rules, thematic breaks, bare markers
 
 
@@ -68,17 +71,25 @@ def anchor(text: str) -> str:
         stripped = line.strip()
         if not stripped or stripped.startswith(("```", "~~~")) or _RULE_LINE.fullmatch(stripped):
             continue
-        plain = _MD_LEAD.sub("", stripped)
-        if "*" in plain or "_" in plain or "`" in plain or "[" in plain:  # else nothing to drop
-            plain = _MD_MARKS.sub(r"\1", plain)
+        lead = _MD_LEAD.match(stripped)  # anchored: what ``sub`` would drop, without its scan
+        plain = stripped[lead.end() :] if lead else stripped
+        if "[" in plain:  # a link keeps its text
+            plain = _MD_MARKS.sub(_link_text, plain)
+        elif "*" in plain or "_" in plain or "`" in plain:  # else nothing to drop
+            plain = _MD_EMPHASIS.sub("", plain)
         plain = " ".join(plain.split())
         if not plain:
             continue
         if stripped.startswith("#"):
             fallback = fallback or plain
             continue
-        return _SENTENCE.split(plain, maxsplit=1)[0][:200]
+        end = _SENTENCE_END.search(plain)
+        return (plain[: end.start() + 1] if end else plain)[:200]
     return (fallback or " ".join(text.split()))[:200]
+
+
+def _link_text(match: re.Match[str]) -> str:
+    return match[1] or ""  # the text of a link; an emphasis or code mark goes
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -124,22 +135,22 @@ def mint(
     widths: dict[str, int] = {}  # b= is 3 digits, wider for a whole section past 999 pieces
     for d in drafts:
         widths[d.section.path] = max(widths.get(d.section.path, 3), len(str(d.first_piece)))
+    metadata: dict[str, Any] = {  # the same for every chunk of the document: one dict, shared
+        "sourceFile": doc.rel_path,
+        "processedAt": processed_at,
+        "chunkingOptions": options,
+        "chunkerVersion": CHUNKER_VERSION,
+        "policyHash": p_hash,
+        "analyzer": analyzer,
+        "lang": lang,
+        "pipeline": {"version": version, "processingTimeMs": processing_ms},
+    }
+    if doc.front_matter is not None:
+        metadata["frontMatter"] = doc.front_matter
     for n, d in enumerate(drafts):
         sect = d.section
         start, end = d.start, d.end
         original = doc.text[start:end]
-        metadata: dict[str, Any] = {
-            "sourceFile": doc.rel_path,
-            "processedAt": processed_at,
-            "chunkingOptions": options,
-            "chunkerVersion": CHUNKER_VERSION,
-            "policyHash": p_hash,
-            "analyzer": analyzer,
-            "lang": lang,
-            "pipeline": {"version": version, "processingTimeMs": processing_ms},
-        }
-        if doc.front_matter is not None:
-            metadata["frontMatter"] = doc.front_matter
         record: dict[str, Any] = {
             "id": f"doc:{name}::ch{n}",
             "parentId": f"doc:{name}",

@@ -60,6 +60,7 @@ def test_an_emphasis_flanked_by_unicode_punctuation_parses_as_mistletoe_says() -
     from pipeline.parse import heading_title
 
     class Tok:  # a heading token as mistletoe leaves it: raw text children
-        children = [type("Raw", (), {"content": "«*quoted*»_x_"})()]
+        def __init__(self) -> None:
+            self.children = [type("Raw", (), {"content": "«*quoted*»_x_"})()]
 
     assert heading_title(Tok()) == "«quoted»x"
