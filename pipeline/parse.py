@@ -48,6 +48,8 @@ mdlimits.NO_LETTER_START.add(HtmlBlock)  # it needs a ``<`` first, as mistletoe'
 #: A heading longer than this keeps its markup in its title: mistletoe's inline parser is
 #: quadratic on some input (``[x](`` repeated: 12 000 chars take 5 s).
 _INLINE_TITLE_CHARS = 1000
+#: A character that can start inline markup in a heading (else its text is taken as it is).
+_INLINE_MARK = re.compile(r"[*_`\[<\\!~&]")
 #: Beyond this depth a container is kept as one leaf instead of being descended into.
 MAX_DEPTH = 48
 mdlimits.install(MAX_DEPTH + 2)  # below that, mistletoe does not even parse (hostile nesting)
@@ -214,16 +216,18 @@ def _own_end(tok: Any, begin: int, limit: int, lines: Lines) -> int:
             return lines.blanks.index(True, begin, limit)
         except ValueError:
             return limit
-    while limit > begin and lines.is_blank(limit):
+    blanks = lines.blanks  # blanks[i]: line i + 1
+    while limit > begin and blanks[limit - 1]:
         limit -= 1
     return limit
 
 
 def _gap(first: int, last: int, lines: Lines) -> list[Block]:
     """Non-blank lines the parser kept out of its tree: one ``linkdef`` block."""
-    while first <= last and lines.is_blank(first):
+    blanks = lines.blanks  # blanks[i]: line i + 1
+    while first <= last and blanks[first - 1]:
         first += 1
-    while last >= first and lines.is_blank(last):
+    while last >= first and blanks[last - 1]:
         last -= 1
     if first > last:
         return []
@@ -247,11 +251,12 @@ def _block(
     kind = _KIND_BY_TOKEN.get(name)
     if kind is None:
         return None
-    while last > first and lines.is_blank(last):
+    blanks = lines.blanks  # blanks[i]: line i + 1
+    while last > first and blanks[last - 1]:
         last -= 1
-    while first < last and lines.is_blank(first):  # mistletoe may open indented code on a blank line
+    while first < last and blanks[first - 1]:  # mistletoe may open indented code on a blank line
         first += 1
-    if lines.is_blank(first):  # whitespace-only lines (4+ spaces, a tab) mistletoe calls indented code
+    if blanks[first - 1]:  # whitespace-only lines (4+ spaces, a tab) mistletoe calls indented code
         return None
     if kind == "heading":
         return _make(kind, first, last, lines, level=tok.level, title=heading_title(tok))
@@ -270,8 +275,8 @@ def _block(
 
 def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
-    raw = "".join(getattr(c, "content", "") for c in (tok.children or ()))
-    if len(raw) <= _INLINE_TITLE_CHARS and any(ch in raw for ch in "*_`[<\\!~&"):
+    raw = "".join([getattr(c, "content", "") for c in (tok.children or ())])
+    if len(raw) <= _INLINE_TITLE_CHARS and _INLINE_MARK.search(raw):
         saved = list(span_token._token_types)
         span_token.add_token(span_token.HtmlSpan)  # type: ignore[no-untyped-call] # so _plain drops tags
         try:
