@@ -29,14 +29,21 @@ def read_source(path: Path, rel_path: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            if size > max_bytes:
-                raise StageError(
-                    "read",
-                    rel_path,
-                    f"file is {size:,} bytes, over the {max_bytes:,}-byte limit",
-                    "split the file, or raise the limit with --max-bytes",
-                )
-            return fh.read(max_bytes + 1)
+            if size <= max_bytes:
+                # a buffer the file's size (``read(max_bytes)`` would map the whole limit for
+                # every file); the byte more shows a file that grew since: read on, to the limit
+                raw = fh.read(size + 1)
+                if len(raw) > size:
+                    raw += fh.read(max_bytes - size)
+                if len(raw) <= max_bytes:
+                    return raw
+                size = os.fstat(fh.fileno()).st_size  # it grew past the limit while read
+            raise StageError(
+                "read",
+                rel_path,
+                f"file is {size:,} bytes, over the {max_bytes:,}-byte limit",
+                "split the file, or raise the limit with --max-bytes",
+            )
     except FileNotFoundError:
         raise StageError("read", rel_path, "file vanished during the run", "run again") from None
     except IsADirectoryError:

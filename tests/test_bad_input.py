@@ -19,6 +19,7 @@ from conftest import NOBODY, as_nobody
 import pipeline.ingest as ingest_mod
 import pipeline.runner  # noqa: F401 - loaded before any test drops privileges
 from pipeline.emit import stable_view
+from pipeline.errors import StageError
 from pipeline.ingest import Options, Summary, ingest
 from pipeline.runner import counter
 from pipeline.state import MANIFEST, STATE_DIR
@@ -90,6 +91,32 @@ def test_binary_file_with_nul_bytes(built: tuple[Path, Path]) -> None:
 def test_file_over_the_size_limit(built: tuple[Path, Path]) -> None:
     corpus, out = built
     break_and_check(corpus, out, b"# Big\n\n" + b"word " * 400, "over the 1,000-byte limit", max_bytes=1000)
+
+
+@pytest.mark.parametrize(("stat_says", "limit"), [(100, 1000), (1000, 1000), (900, 2008)])
+def test_a_file_read_in_full_whatever_its_stat_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stat_says: int, limit: int
+) -> None:
+    """The read is sized by fstat; a file that grew since is read on, and never past the limit."""
+    from pipeline.normalize import read_source
+
+    data = b"# Grew\n\n" + b"word " * 400  # 2,008 bytes
+    path = tmp_path / "grew.md"
+    path.write_bytes(data)
+    real = os.fstat
+    calls = []
+
+    def fstat(fd: int) -> Any:
+        calls.append(fd)
+        st = real(fd)
+        return os.stat_result((*st[:6], stat_says if len(calls) == 1 else st.st_size, *st[7:]))
+
+    monkeypatch.setattr(os, "fstat", fstat)
+    if limit >= len(data):
+        assert read_source(path, "grew.md", limit) == data
+    else:
+        with pytest.raises(StageError, match=f"grew.md: read: file is 2,008 bytes, over the {limit:,}-byte limit"):
+            read_source(path, "grew.md", limit)
 
 
 def test_pathological_nesting_is_not_fatal(built: tuple[Path, Path]) -> None:
