@@ -455,17 +455,13 @@ class Session:
             return None
         for old, new in sorted(changes(before, after).items()):
             run.summary.redirects += 1
-            run.events.append(
-                event(
-                    "ingest.redirect",
-                    run.run_id,
-                    run.generation,
-                    old=old,
-                    new=new,
-                    chunk_id=new,
-                    hash=run.new_hashes.get(new, ""),
-                    match=run.how.get(old, "chain"),
-                )
+            run.say(
+                "ingest.redirect",
+                old=old,
+                new=new,
+                chunk_id=new,
+                hash=run.new_hashes.get(new, ""),
+                match=run.how.get(old, "chain"),
             )
         return after
 
@@ -482,12 +478,17 @@ class _Run:
     old_docs: dict[str, dict[str, Any]]
     new_docs: dict[str, dict[str, Any]]
     recovering: set[str]  #: documents whose files the manifest may not describe
-    events: list[dict[str, Any]] = field(default_factory=list)
+    #: change-feed lines, serialized as they come (while the workers still run)
+    events: list[bytes] = field(default_factory=list)
     fresh: dict[str, str] = field(default_factory=dict)  #: old chunk_id → new, found now
     how: dict[str, str] = field(default_factory=dict)  #: old chunk_id → how it was matched
     vanished: set[str] = field(default_factory=set)  #: documents some of whose old ids went
     unsafe: set[str] = field(default_factory=set)  #: documents whose write failed half-way
     new_hashes: dict[str, str] = field(default_factory=dict)  #: chunk_id → hash, chunks made now
+
+    def say(self, kind: str, *, ts: str | None = None, **fields: Any) -> None:
+        """One change-feed line (the 004 envelope, ``state.event``)."""
+        self.events.append(orjson.dumps(event(kind, self.run_id, self.generation, ts=ts, **fields)))
 
 
 def _record(result: DocResult, run: _Run) -> None:
@@ -545,20 +546,16 @@ def _record(result: DocResult, run: _Run) -> None:
         extra = {}
         if before.get(file, result.chunk_ids[i]) != result.chunk_ids[i]:
             extra["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
-        run.events.append(
-            event(
-                "ingest.write",
-                run.run_id,
-                run.generation,
-                ts=ts,
-                file=file,
-                id=result.ids[i],
-                chunk_id=result.chunk_ids[i],
-                hash=result.hashes[i],
-                source=rel,
-                change="added" if file in added else "changed",
-                **extra,
-            )
+        run.say(
+            "ingest.write",
+            ts=ts,
+            file=file,
+            id=result.ids[i],
+            chunk_id=result.chunk_ids[i],
+            hash=result.hashes[i],
+            source=rel,
+            change="added" if file in added else "changed",
+            **extra,
         )
 
 
@@ -650,18 +647,7 @@ def _remove_stale(run: _Run, considered: set[str], *, sweep: bool) -> tuple[list
             continue
         removed.append(rel_file)
         src, chunk_ref, chunk_id, digest = info or ("", "", "", "")
-        run.events.append(
-            event(
-                "ingest.delete",
-                run.run_id,
-                run.generation,
-                file=rel_file,
-                id=chunk_ref,
-                chunk_id=chunk_id,
-                hash=digest,
-                source=src,
-            )
-        )
+        run.say("ingest.delete", file=rel_file, id=chunk_ref, chunk_id=chunk_id, hash=digest, source=src)
     for folder in sorted({str(Path(f).parent) for f in removed}, key=len, reverse=True):
         path = out / folder
         while folder not in ("", ".") and path != out:

@@ -7,7 +7,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -147,11 +147,12 @@ def new_run_id() -> str:
     return str(uuid.uuid4())
 
 
-def append_feed(out: Path, events: Iterable[dict[str, Any]]) -> int:
-    """Append change events (004 envelope) as JSON Lines; one write, then fsync."""
-    lines = b"".join(orjson.dumps(e) + b"\n" for e in events)
-    if not lines:
+def append_feed(out: Path, events: Sequence[bytes]) -> int:
+    """Append change events (004 envelope, serialized: ``orjson.dumps(event(...))``) as
+    JSON Lines; one write, then fsync."""
+    if not events:
         return 0
+    lines = b"\n".join(events) + b"\n"
     path = state_dir(out) / FEED
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
