@@ -385,27 +385,27 @@ def _tokenize_block(iterable: Any, token_types: Any, start_line: int = 1) -> Any
         )
     lines = block_tokenizer.FileWrapper(iterable, start_line=start_line)  # type: ignore[no-untyped-call]
     parse_buffer = block_tokenizer.ParseBuffer()  # type: ignore[no-untyped-call]
-    line = lines.peek()  # type: ignore[no-untyped-call]
-    while line is not None:
+    src = lines.lines  # ``peek`` and ``next`` by index: the wrapper's list and position
+    paragraph = block_token.Paragraph
+    while (at := lines._index + 1) < len(src):
+        line = src[at]
         if plain_first and line == "\n":  # an empty line starts nothing either
-            next(lines)
+            lines._index = at
             parse_buffer.loose = True
         elif plain_first and line[:1].isalpha() and "|" not in line:
-            line_number = lines.line_number() + 1  # type: ignore[no-untyped-call]
-            result = block_token.Paragraph.read(lines)  # type: ignore[no-untyped-call]
-            parse_buffer.append((block_token.Paragraph, result, line_number))
+            result = paragraph.read(lines)  # type: ignore[no-untyped-call]
+            parse_buffer.append((paragraph, result, start_line + at))
         else:
             for token_type in token_types:
                 if token_type.start(line):
-                    line_number = lines.line_number() + 1  # type: ignore[no-untyped-call]
+                    line_number = start_line + lines._index + 1
                     result = token_type.read(lines)
                     if result is not None:
                         parse_buffer.append((token_type, result, line_number))
                         break
             else:  # unmatched newlines
-                next(lines)
+                lines._index = at
                 parse_buffer.loose = True
-        line = lines.peek()  # type: ignore[no-untyped-call]
     return parse_buffer
 
 
@@ -418,18 +418,23 @@ def _read_paragraph(cls: Any, lines: Any) -> Any:
     pipe. Those lines, most of a paragraph, skip the seven checks.
     """
     line_buffer = [next(lines)]
-    next_line = lines.peek()
     key = tuple(block_token._token_types)
     breaking_tokens = _BREAKERS.get(key)
     if breaking_tokens is None:
         breaking_tokens = _BREAKERS[key] = [
             t for t in key if hasattr(t, "check_interrupts_paragraph") and t is not block_token.ThematicBreak
         ]
-    while next_line is not None and next_line.strip() != "":
-        if "|" not in next_line and next_line.lstrip()[:1].isalpha():
-            line_buffer.append(next(lines))
-            next_line = lines.peek()
-            continue
+    src = lines.lines  # the file wrapper's own list: a run of plain lines is taken by index
+    while True:
+        first = at = lines._index + 1
+        while at < len(src) and "|" not in (line := src[at]) and line.lstrip()[:1].isalpha():
+            at += 1
+        if at > first:
+            line_buffer += src[first:at]
+            lines._index = at - 1
+        next_line = lines.peek()
+        if next_line is None or next_line.strip() == "":
+            break
         if any(token_type.check_interrupts_paragraph(lines) for token_type in breaking_tokens):
             break
         if cls.parse_setext and cls.is_setext_heading(next_line):
@@ -438,7 +443,6 @@ def _read_paragraph(cls: Any, lines: Any) -> Any:
         if block_token.ThematicBreak.check_interrupts_paragraph(lines):  # type: ignore[no-untyped-call]
             break
         line_buffer.append(next(lines))
-        next_line = lines.peek()
     return line_buffer
 
 
@@ -523,16 +527,24 @@ def _read_fence(cls: Any, lines: Any) -> Any:
     next(lines)
     info = cls._open_info
     indentation, leader = info[0], info[1]
+    mark = leader[0]
     line_buffer: list[str] = []
-    for line in lines:
-        closer = _FENCE_CLOSER.fullmatch(line)
-        if closer and closer[1][0] == leader[0] and len(closer[1]) >= len(leader):
-            break
+    # the lines by index (the file wrapper's own list) rather than one ``next`` each;
+    # ``_index`` ends where the loop over the wrapper would leave it: on the closer, or last
+    src = lines.lines
+    at = lines._index
+    for at in range(lines._index + 1, len(src)):  # ``at`` outlives the loop on purpose
+        line = src[at]
         stripped = line.lstrip(" ")
+        if stripped[:1] == mark:  # a closer starts with the fence's mark (after 0-3 spaces)
+            closer = _FENCE_CLOSER.fullmatch(line)
+            if closer and closer[1][0] == mark and len(closer[1]) >= len(leader):
+                break
         diff = len(line) - len(stripped)
         if diff > indentation:
             stripped = " " * (diff - indentation) + stripped
         line_buffer.append(stripped)
+    lines._index = at
     return line_buffer, info
 
 
