@@ -26,19 +26,23 @@ per level). A worker also exits when its parent goes away, so it never outlives
 the run and never keeps the output lock (an ``flock`` shared across ``fork``).
 
 The deadline covers reading, parsing, splitting and the schema check. Once a
-worker reports that it has begun writing, the deadline is pushed out by
-``WRITE_FACTOR`` x the limit: killing it between two renames would leave a
-document half old, half new.
+worker has begun writing, the deadline is pushed out to ``WRITE_FACTOR`` x the
+limit after that moment: killing it between two renames would leave a document
+half old, half new. The worker says so on a 16-byte board it shares with the
+parent (which job, since when), not with a message: the parent reads it only at a
+deadline, and a document costs one message each way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import os
 import pickle
 import select
 import signal
+import struct
 import threading
 import time
 import traceback
@@ -62,8 +66,12 @@ DEFAULT_DOC_TIMEOUT = 30.0
 DEFAULT_DOC_MEMORY_MB = 2048
 #: Once a worker is writing, its deadline is this many times the limit away.
 WRITE_FACTOR = 10
-_WRITING = "writing"
 _RETIRING = "retiring"  #: the next result is this worker's last
+#: The board: the number of the job that began writing (the worker's count, from 1), then
+#: when (``time.monotonic``, the same clock in every process). The worker stores the time
+#: first, the parent reads the number first.
+_JOB = struct.Struct("q")
+_SINCE = struct.Struct("d")
 
 
 def _reason(rel_path: str, problem: str, hint: str) -> str:
@@ -161,7 +169,7 @@ def _exit_with_parent(parent: int) -> None:
             os._exit(3)
 
 
-def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
+def _serve(conn: Connection, parent: int, memory_mb: int, board: mmap.mmap) -> None:
     """Worker loop: a ``Job`` in, a ``DocResult`` out, until the pipe closes."""
     from .runner import DocResult, process_document
 
@@ -169,9 +177,11 @@ def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     if memory_mb:
         _cap_memory(memory_mb)
+    number = 0
 
     def writing() -> None:
-        conn.send(_WRITING)
+        _SINCE.pack_into(board, _JOB.size, time.monotonic())
+        _JOB.pack_into(board, 0, number)
 
     while True:
         try:
@@ -180,6 +190,7 @@ def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
             return
         if job is None:
             return
+        number += 1
         fatal = False
         try:
             result = process_document(job, before_write=writing)
@@ -202,11 +213,25 @@ def _serve(conn: Connection, parent: int, memory_mb: int) -> None:
 
 
 class _Worker:
-    __slots__ = ("conn", "deadline", "fds", "proc", "queue", "readable", "retiring", "writing")
+    __slots__ = (
+        "answered",
+        "board",
+        "conn",
+        "deadline",
+        "fds",
+        "gone",
+        "proc",
+        "queue",
+        "readable",
+        "retiring",
+        "writing",
+    )
 
-    def __init__(self, proc: BaseProcess, conn: Connection) -> None:
+    def __init__(self, proc: BaseProcess, conn: Connection, board: mmap.mmap) -> None:
         self.proc = proc
         self.conn = conn
+        self.board = board
+        self.answered = 0  #: results received: the running job is the worker's number answered + 1
         self.fds = (conn.fileno(), proc.sentinel)
         # ``Connection.poll`` and ``multiprocessing.connection.wait`` build a selector per
         # call; a document costs several of those calls, so the parent keeps its own polls
@@ -215,10 +240,19 @@ class _Worker:
         #: the jobs sent and not answered yet, in order: the first is the one running
         self.queue: deque[tuple[int, Job]] = deque()
         self.deadline = math.inf
-        self.writing = False
+        self.writing = False  #: the running job's deadline is its write deadline
         self.retiring = False
+        self.gone = False  #: it has exited (its sentinel fired), or we stopped it
+
+    def writing_since(self) -> float | None:
+        """When the running job began writing its chunk files, if it has."""
+        if _JOB.unpack_from(self.board)[0] != self.answered + 1:
+            return None
+        since: float = _SINCE.unpack_from(self.board, _JOB.size)[0]
+        return since
 
     def kill(self) -> None:
+        self.gone = True
         with contextlib.suppress(OSError, ValueError, AttributeError):
             self.proc.kill()
         self.proc.join(5)
@@ -255,12 +289,16 @@ class GuardPool:
 
     def _spawn(self) -> _Worker:
         mine, theirs = self._ctx.Pipe(duplex=True)
+        board = mmap.mmap(-1, _JOB.size + _SINCE.size)  # anonymous and shared: the child sees it
         proc = self._ctx.Process(
-            target=_serve, args=(theirs, os.getpid(), self.memory_mb), name="chunkyard-worker", daemon=True
+            target=_serve,
+            args=(theirs, os.getpid(), self.memory_mb, board),
+            name="chunkyard-worker",
+            daemon=True,
         )
         proc.start()
         theirs.close()
-        return _Worker(proc, mine)
+        return _Worker(proc, mine, board)
 
     def _take(self) -> _Worker:
         while self._idle:
@@ -315,18 +353,21 @@ class GuardPool:
                                 pending.popleft()
                 first = min(w.deadline for w in busy)
                 wait_for = None if first == math.inf else max(0.0, first - time.monotonic())
-                watch.poll(None if wait_for is None else math.ceil(wait_for * 1000))
+                fired = watch.poll(None if wait_for is None else math.ceil(wait_for * 1000))
+                ended = {fd for fd, _ in fired}  # a sentinel that fires: that worker has exited
                 now = time.monotonic()
                 for worker in list(busy):
+                    if worker.fds[1] in ended:
+                        worker.gone = True
                     for index, result in self._poll(worker, now):
                         done[index] = result
-                    if not worker.queue or not worker.proc.is_alive() or worker.retiring:
+                    if not worker.queue or worker.gone or worker.retiring:
                         busy.remove(worker)
                         for fd in worker.fds:  # before its fds close and get reused
                             watch.unregister(fd)
                         pending.extendleft(reversed(worker.queue))  # unanswered: to a fresh worker
                         worker.queue.clear()
-                        if worker.proc.is_alive() and not worker.retiring:
+                        if not worker.gone and not worker.retiring:
                             self._idle.append(worker)
                         else:
                             worker.kill()
@@ -345,14 +386,11 @@ class GuardPool:
         try:
             while worker.queue and worker.readable.poll(0):
                 msg = worker.conn.recv()
-                if msg == _WRITING:
-                    worker.writing = True
-                    worker.deadline = now + WRITE_FACTOR * self.timeout
-                    continue
                 if msg == _RETIRING:
                     worker.retiring = True
                     continue
                 index, _ = worker.queue.popleft()
+                worker.answered += 1
                 out.append((index, msg))
                 worker.deadline, worker.writing = now + self.timeout, False  # the next job runs
                 if worker.retiring:
@@ -363,18 +401,24 @@ class GuardPool:
             worker.deadline = math.inf
             return out
         index, job = worker.queue[0]
-        if not worker.proc.is_alive():
+        if worker.gone:
             worker.proc.join(1)
             code = worker.proc.exitcode
+            unsafe = worker.writing_since() is not None  # died between two renames?
             worker.kill()
             worker.queue.popleft()
-            out.append(
-                (index, DocResult(job.rel_path, error=died_message(job.rel_path, code, self.memory_mb)))
-            )
+            message = died_message(job.rel_path, code, self.memory_mb)
+            out.append((index, DocResult(job.rel_path, error=message, unsafe=unsafe)))
         elif now >= worker.deadline:
+            since = None if worker.writing else worker.writing_since()
+            if since is not None:  # it is writing: let it finish, up to its write deadline
+                worker.writing = True
+                worker.deadline = since + WRITE_FACTOR * self.timeout
+                if now < worker.deadline:
+                    return out
             worker.kill()
-            writing = worker.writing  # killed between two renames: the files may be half new
-            limit = self.timeout * (WRITE_FACTOR if writing else 1)
+            writing = worker.writing_since() is not None  # read when it can no longer move
+            limit = self.timeout * (WRITE_FACTOR if worker.writing else 1)
             message = timeout_message(job.rel_path, limit, writing=writing)
             worker.queue.popleft()
             out.append((index, DocResult(job.rel_path, error=message, unsafe=writing)))

@@ -511,14 +511,10 @@ def _record(result: DocResult, run: _Run) -> None:
     summary.changed += len(result.changed)
     summary.unchanged += len(result.files) - len(result.added) - len(result.changed)
     summary.written += result.written
-    try:
-        mtime_ns = os.stat(run.opts.corpus / rel).st_mtime_ns
-    except OSError:
-        mtime_ns = 0
     run.new_docs[rel] = {
         "source_hash": result.source_hash,
         "size": result.size,
-        "mtime_ns": mtime_ns,
+        "mtime_ns": result.mtime_ns,
         "policy_hash": run.p_hash,
         "version": __version__,
         "uid_rev": result.uid_rev,

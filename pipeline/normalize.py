@@ -26,9 +26,15 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def read_source(path: Path, rel_path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """Read a source file, refusing what is too large to be a document."""
+    return read_stamped(path, rel_path, max_bytes)[0]
+
+
+def read_stamped(path: Path, rel_path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, int]:
+    """``read_source``, and the file's mtime (ns) as it was when the read began."""
     try:
         with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+            st = os.fstat(fh.fileno())
+            size = st.st_size
             if size <= max_bytes:
                 # a buffer the file's size (``read(max_bytes)`` would map the whole limit for
                 # every file); the byte more shows a file that grew since: read on, to the limit
@@ -36,7 +42,7 @@ def read_source(path: Path, rel_path: str, max_bytes: int = DEFAULT_MAX_BYTES) -
                 if len(raw) > size:
                     raw += fh.read(max_bytes - size)
                 if len(raw) <= max_bytes:
-                    return raw
+                    return raw, st.st_mtime_ns
                 size = os.fstat(fh.fileno()).st_size  # it grew past the limit while read
             raise StageError(
                 "read",

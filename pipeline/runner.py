@@ -6,7 +6,7 @@ adds the two I/O ends for one file (read, then schema check and emit), and
 ``ingest`` drives a whole corpus: discovery, the pool, stale files, manifest.
 
 Each stage takes the previous stage's value and returns a new one; only
-``read_source`` and ``emit`` touch the disk.
+``read_stamped`` and ``emit`` touch the disk.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .emit import check_record, dumps, stable_digest, unchanged, write_all_atomi
 from .errors import PipelineError, SchemaError, StageError
 from .mint import doc_uid, mint, sha1_8
 from .models import Chunk, Policy, SourceDoc
-from .normalize import DEFAULT_MAX_BYTES, normalize, read_source
+from .normalize import DEFAULT_MAX_BYTES, normalize, read_stamped
 from .parse import Lines, parse
 from .redirects import Chunklet, match
 from .sections import build_sections, file_title, outline
@@ -135,6 +135,7 @@ class DocResult:
 
     rel_path: str
     size: int = 0
+    mtime_ns: int = 0  #: the source's mtime when it was read (what the manifest keeps)
     source_hash: str = ""
     files: list[str] = field(default_factory=list)
     chunk_ids: list[str] = field(default_factory=list)
@@ -163,7 +164,7 @@ def process_document(job: Job, before_write: Callable[[], None] | None = None) -
     result = DocResult(job.rel_path)
     timer = Timer()
     try:
-        raw = read_source(Path(job.path), job.rel_path, job.max_bytes)
+        raw, result.mtime_ns = read_stamped(Path(job.path), job.rel_path, job.max_bytes)
         result.size = len(raw)
         result.source_hash = xxhash.xxh3_64_hexdigest(raw)
         timer.lap("read")

@@ -27,6 +27,7 @@ import pytest
 from conftest import CHECKER, SCHEMA, Chunked, as_nobody, invariant_errors, load_checker
 from make_hostile_corpus import LONG_STEM, Case, make_hostile_corpus
 
+import pipeline.guard as guard_mod
 import pipeline.runner as runner_mod
 from pipeline.guard import GuardPool
 from pipeline.ingest import Options, Session, ingest
@@ -589,3 +590,50 @@ def test_a_parse_that_fails_inside_a_quote_leaves_no_state_behind(monkeypatch: p
     monkeypatch.undo()
     blocks = parse(norm(b"Title\n===\n\ntext\n", "t.md"))
     assert [b.kind for b in blocks] == ["heading", "paragraph"]
+
+
+def _slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float, rels: set[str]) -> None:
+    """Documents in ``rels`` take ``seconds`` to write (patched before the pool forks)."""
+    real = runner_mod._write
+
+    def slow(job: Job, *a: Any, **k: Any) -> Any:
+        if job.rel_path in rels:
+            time.sleep(seconds)
+        return real(job, *a, **k)
+
+    monkeypatch.setattr(runner_mod, "_write", slow)
+
+
+def test_a_document_writing_its_files_gets_more_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its deadline while writing, a worker is let finish: a kill between renames hurts."""
+    _slow_writes(monkeypatch, 1.5, {"d1.md", "d2.md"})
+    corpus = _corpus(tmp_path / "c", {f"d{i}.md": GOOD for i in range(4)})
+    counter("cl100k_base")
+    pool = GuardPool(1, 1.0, 0)  # 1 s per document, 10 s once it writes: 1.5 s of writing is fine
+    try:
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", [f"d{i}.md" for i in range(4)])))
+        assert len(pool._idle) == 1  # the same worker did them all: none was stopped
+    finally:
+        pool.close()
+    assert [r.error for r in results] == [None] * 4
+    assert all((tmp_path / "o" / f"doc_d{i}__ch0.json").exists() for i in range(4))
+
+
+def test_a_write_that_never_ends_is_stopped_and_marked_unsafe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(guard_mod, "WRITE_FACTOR", 3)
+    _slow_writes(monkeypatch, 60, {"stuck.md"})
+    corpus = _corpus(tmp_path / "c", {"a.md": GOOD, "stuck.md": GOOD, "z.md": GOOD})
+    counter("cl100k_base")
+    pool = GuardPool(1, 0.5, 0)  # stopped 3 x 0.5 s after its writing began
+    try:
+        started = time.perf_counter()
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", ["a.md", "stuck.md", "z.md"])))
+        took = time.perf_counter() - started
+    finally:
+        pool.close()
+    assert 1.5 <= took < 10
+    assert results[0].error is None and results[2].error is None
+    assert results[1].error and "took longer than 1.5 s writing its chunk files" in results[1].error
+    assert results[1].unsafe  # its files may be half new: the next run re-checks the document
