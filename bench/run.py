@@ -21,7 +21,8 @@ machine that slows down for a while slows them all; the table shows medians
 of wall seconds and of CPU seconds (user + system, workers included): on a busy
 machine the CPU seconds say more. Output folders go under ``--scratch`` (default
 ``bench/results/``, where a real ``chunks/`` would be); they are synced to disk after
-each run and removed only at the end (see ``chunkyard_once`` for why). Results are
+each run and kept until the next benchmark, which removes them and waits for the disk to
+settle before it times anything (see ``settle``). Results are
 written to ``bench/results/`` as JSON (and the table as Markdown).
 """
 
@@ -32,6 +33,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -175,18 +177,38 @@ def chunkyard_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "pipeline"]
 
 
-def create_cost_us(scratch: Path, n: int = 500) -> float:
-    """Microseconds to create one empty file beside the outputs, right now (wall, kernel-bound).
+#: A file created in this many µs or less: a quiet disk (see ``create_cost_us``).
+QUIET_US = 80.0
 
-    On ext4 without a journal this jumps from ~20-50 to ~700 for minutes after many files
-    were deleted anywhere near (the allocator steps over recently freed inodes): a run
-    with a high figure spent its ``write`` stage waiting on that, not on chunkyard.
+
+def create_cost_us(scratch: Path, folders: int = 60, files: int = 10) -> float:
+    """Microseconds to create a small file beside the outputs, right now (wall, kernel-bound).
+
+    On ext4 without a journal this jumps from ~20-50 to ~500-900 for minutes after many
+    files were deleted (the allocator steps over recently freed inodes): a run with a high
+    figure spent its ``write`` stage waiting on that, not on chunkyard. The files go into
+    many new folders, as chunk files do: new folders spread over the disk's inode groups,
+    and one folder alone can land in a group that is quiet while the others are not.
     """
-    folder = Path(tempfile.mkdtemp(prefix="probe-", dir=scratch))
+    top = Path(tempfile.mkdtemp(prefix="probe-", dir=scratch))
     started = time.perf_counter()
-    for k in range(n):
-        os.close(os.open(folder / f"p{k}", os.O_WRONLY | os.O_CREAT, 0o644))
-    return (time.perf_counter() - started) / n * 1e6
+    for d in range(folders):
+        folder = top / f"d{d}"
+        folder.mkdir()
+        for k in range(files):
+            fd = os.open(folder / f"p{k}.json", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b"{}" * 1000)
+            os.close(fd)
+    return (time.perf_counter() - started) / (folders * files) * 1e6
+
+
+def settle(scratch: Path, limit: float = 600.0) -> float:
+    """Wait (up to ``limit`` seconds) until creating files costs what it does on a quiet disk."""
+    started = time.monotonic()
+    while (cost := create_cost_us(scratch)) > QUIET_US and time.monotonic() - started < limit:
+        print(f"  waiting for the disk to settle: a file costs {cost:.0f} µs to create", flush=True)
+        time.sleep(20)
+    return cost
 
 
 def chunkyard_once(corpus: Path, jobs: int, scratch: Path, label: str) -> dict[str, Any]:
@@ -196,7 +218,7 @@ def chunkyard_once(corpus: Path, jobs: int, scratch: Path, label: str) -> dict[s
     cmd = [*chunkyard_cmd(), "ingest", str(corpus), "--out", str(out)]
     cmd += ["--full", "--jobs", str(jobs), "--json", "--quiet"]
     timed = run_timed(cmd, sample=True)
-    # The output stays until the whole benchmark is done: on ext4 without a journal (this
+    # The output stays (until the next benchmark, see ``main``): on ext4 without a journal (this
     # machine's disk) a file created within minutes of many deletes pays for them, since
     # the inode allocator steps over every recently freed inode (``recently_deleted``),
     # and 30 000 of them made each chunk file cost ~0.7 ms of kernel time instead of ~0.05.
@@ -385,32 +407,39 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     rows: list[dict[str, Any]] = []
-    args.scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="chunkyard-bench-", dir=args.scratch) as tmp:
-        scratch = Path(tmp)
-        corpus = scratch / "corpus"
-        corpus.mkdir()
-        for name in names:
-            (corpus / name).symlink_to((args.root / name).resolve(), target_is_directory=True)
-        file_list = scratch / "files.txt"
-        file_list.write_text("".join(f"{f}\n" for f in files), encoding="utf-8")
-        # Round by round, every tool once per round: a machine that slows down for a while
-        # (shared hosts do) slows every tool alike, so the ratios stay meaningful.
-        job_counts = [int(j) for j in args.jobs.split(",")]
-        peers = [t for t in (("mistletoe",) if args.no_peers else ("mistletoe", "langchain", "chonkie")) if peer_available(t)]
-        ours: dict[int, list[dict[str, Any]]] = {j: [] for j in job_counts}
-        theirs: dict[str, list[dict[str, Any]]] = {t: [] for t in peers}
-        for round_ in range(args.runs + 1):
-            label = "warm-up" if round_ == 0 else f"run {round_}"
-            for jobs in job_counts:
-                row = chunkyard_once(corpus, jobs, scratch, label)
-                if round_:
-                    ours[jobs].append(row)
-            if round_:  # a peer warms up inside its own process each time
-                for tool in peers:
-                    theirs[tool].append(peer_once(tool, file_list, label))
-        rows.extend(chunkyard_row(j, ours[j]) for j in job_counts)
-        rows.extend(peer_row(t, theirs[t], len(files)) for t in peers)
+    # The outputs of a run are kept until the next benchmark, which removes them first and
+    # then waits for the disk to settle: deleting 100 000+ files slows every file created
+    # in the next minutes (``create_cost_us``), so a benchmark that cleaned up after itself
+    # would slow whatever ran next, and be slowed by the one before.
+    scratch = args.scratch / "scratch"
+    if scratch.exists():
+        print(f"removing the previous benchmark's outputs ({scratch})", flush=True)
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    print(f"  a file costs {settle(scratch):.0f} µs to create (quiet: ≤ {QUIET_US:.0f})", flush=True)
+    corpus = scratch / "corpus"
+    corpus.mkdir()
+    for name in names:
+        (corpus / name).symlink_to((args.root / name).resolve(), target_is_directory=True)
+    file_list = scratch / "files.txt"
+    file_list.write_text("".join(f"{f}\n" for f in files), encoding="utf-8")
+    # Round by round, every tool once per round: a machine that slows down for a while
+    # (shared hosts do) slows every tool alike, so the ratios stay meaningful.
+    job_counts = [int(j) for j in args.jobs.split(",")]
+    peers = [t for t in (("mistletoe",) if args.no_peers else ("mistletoe", "langchain", "chonkie")) if peer_available(t)]
+    ours: dict[int, list[dict[str, Any]]] = {j: [] for j in job_counts}
+    theirs: dict[str, list[dict[str, Any]]] = {t: [] for t in peers}
+    for round_ in range(args.runs + 1):
+        label = "warm-up" if round_ == 0 else f"run {round_}"
+        for jobs in job_counts:
+            row = chunkyard_once(corpus, jobs, scratch, label)
+            if round_:
+                ours[jobs].append(row)
+        if round_:  # a peer warms up inside its own process each time
+            for tool in peers:
+                theirs[tool].append(peer_once(tool, file_list, label))
+    rows.extend(chunkyard_row(j, ours[j]) for j in job_counts)
+    rows.extend(peer_row(t, theirs[t], len(files)) for t in peers)
 
     report = [
         f"\n## chunkyard bench: {', '.join(names)} ({len(files)} documents, {mb:.2f} MB)",
@@ -436,7 +465,7 @@ def main() -> None:
         report.append(
             f"\nCreating an empty file beside the outputs took {min(probes):.0f}–{max(probes):.0f} µs "
             "just before the runs (median per tool); ~20–50 µs is a quiet disk. Much more means "
-            "recently deleted files nearby (ext4 without a journal steps over freed inodes), and the "
+            "recently deleted files (ext4 without a journal steps over freed inodes), and the "
             "`write` stage and the chunkyard ratios pay for it: run again a few minutes later."
         )
     if any(r["tool"] == "chonkie" for r in rows):
