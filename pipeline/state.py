@@ -148,11 +148,14 @@ def new_run_id() -> str:
 
 
 def append_feed(out: Path, events: Sequence[bytes]) -> int:
-    """Append change events (004 envelope, serialized: ``orjson.dumps(event(...))``) as
-    JSON Lines; one write, then fsync."""
+    """Append change events as JSON Lines; one write, then fsync.
+
+    ``events``: blocks of serialized events (``orjson.dumps(event(...))``), one or more
+    lines each, joined by newlines.
+    """
     if not events:
         return 0
-    lines = b"\n".join(events) + b"\n"
+    lines = b"\n".join([*events, b""])  # the last line ends with a newline too
     path = state_dir(out) / FEED
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
