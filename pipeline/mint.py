@@ -64,6 +64,15 @@ def chunk_file(doc_name: str, n: int) -> str:
     return f"{folder}/{name}" if folder else name
 
 
+def chunk_files(doc_name: str, count: int) -> list[str]:
+    """``chunk_file(doc_name, n)`` for n < ``count``, the name built once when it is short."""
+    folder, _, stem = doc_name.rpartition("/")
+    if len(stem) * 4 + len("doc___ch.json") + len(str(count)) > MAX_NAME_BYTES:  # maybe too long
+        return [chunk_file(doc_name, n) for n in range(count)]  # in UTF-8: name by name
+    lead = f"{folder}/doc_{stem}__ch" if folder else f"doc_{stem}__ch"
+    return [f"{lead}{n}.json" for n in range(count)]
+
+
 def anchor(text: str) -> str:
     """The first salient sentence: Markdown marks dropped, headings passed over, ≤ 200 chars."""
     fallback = ""
@@ -147,27 +156,43 @@ def mint(
     }
     if doc.front_matter is not None:
         metadata["frontMatter"] = doc.front_matter
+    parent = f"doc:{name}"
+    ids = [f"{parent}::ch{n}" for n in range(total)]
+    uid_rev = f"{uid}|r={outline_hash}|s="
+    files = chunk_files(name, total)
+    heads: dict[str, tuple[Any, ...]] = {}  # per section; its lists are shared by its chunks
     for n, d in enumerate(drafts):
         sect = d.section
+        head = heads.get(sect.path)
+        if head is None:
+            titles, slugs = sect.titles, sect.slugs
+            head = heads[sect.path] = (
+                titles[-1] if titles else "",
+                list(titles),
+                " > ".join(titles),
+                list(sect.depths),
+                list(slugs),
+                slugs[-1] if slugs else "",
+            )
         start, end = d.start, d.end
         original = doc.text[start:end]
         record: dict[str, Any] = {
-            "id": f"doc:{name}::ch{n}",
-            "parentId": f"doc:{name}",
-            "prevId": f"doc:{name}::ch{n - 1}" if n else None,
-            "nextId": f"doc:{name}::ch{n + 1}" if n + 1 < total else None,
+            "id": ids[n],
+            "parentId": parent,
+            "prevId": ids[n - 1] if n else None,
+            "nextId": ids[n + 1] if n + 1 < total else None,
             "chunkNumber": n,
             "contentType": "doc",
-            "chunk_id": f"{uid}|r={outline_hash}|s={sect.path}|p=000|b={d.first_piece:0{widths[sect.path]}d}",
+            "chunk_id": f"{uid_rev}{sect.path}|p=000|b={d.first_piece:0{widths[sect.path]}d}",
             "section_id": sect.path,
             "block_type": d.block_type,
             "fileTitle": title,
-            "sectionTitle": sect.titles[-1] if sect.titles else "",
-            "headerPath": list(sect.titles),
-            "headerBreadcrumb": " > ".join(sect.titles),
-            "headerDepths": list(sect.depths),
-            "headerSlugs": list(sect.slugs),
-            "sectionSlug": sect.slugs[-1] if sect.slugs else "",
+            "sectionTitle": head[0],
+            "headerPath": head[1],
+            "headerBreadcrumb": head[2],
+            "headerDepths": head[3],
+            "headerSlugs": head[4],
+            "sectionSlug": head[5],
             "originalText": original,
             "embedText": d.embed_text,
             "charOffsets": {"charStart": start, "charEnd": end, "totalChars": end - start},
@@ -188,7 +213,7 @@ def mint(
             "metadata": metadata,
             "schema_version": SCHEMA_VERSION,
         }
-        chunks.append(Chunk(chunk_file(name, n), record))
+        chunks.append(Chunk(files[n], record))
     return chunks
 
 

@@ -11,7 +11,7 @@ from conftest import chunk_md
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.mint import anchor, chunk_file, policy_hash
+from pipeline.mint import anchor, chunk_file, chunk_files, policy_hash
 from pipeline.models import Policy
 
 DOC = """# Guide
@@ -251,3 +251,14 @@ def test_estimated_tokens_err_high(text: str) -> None:
 def test_estimated_tokens_err_high_on_dense_ascii(text: str) -> None:
     for r in chunk_md(text, "e.md").records:
         assert r["tokenStats"]["estimatedTokens"] >= r["tokenStats"]["tokens"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(st.sampled_from("ab/é日-_.🙂"), min_size=1, max_size=20).map(lambda s: s.strip("/") or "x"),
+    st.integers(0, 130),
+    st.integers(1, 1200),
+)
+def test_chunk_files_name_every_chunk_as_chunk_file_does(stem: str, pad: int, count: int) -> None:
+    name = f"docs/{stem}{'x' * pad * 2}"  # long enough, near the limit, to need the short form
+    assert chunk_files(name, count) == [chunk_file(name, n) for n in range(count)]
