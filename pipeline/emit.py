@@ -96,9 +96,6 @@ def stable_digest(record: dict[str, Any]) -> str:
     return xxhash.xxh3_64_hexdigest(view)
 
 
-_MADE_DIRS: set[Path] = set()
-
-
 def _make_dirs(folder: Path) -> None:
     """``mkdir -p`` without recursion (``Path.mkdir(parents=True)`` recurses once per level)."""
     missing: list[Path] = []
@@ -112,26 +109,26 @@ def _make_dirs(folder: Path) -> None:
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def _write_temp(path: Path, data: bytes) -> str:
-    """``data`` in a hidden temp file beside ``path``; nothing left behind if that fails.
-
-    Plain file descriptors and ``str`` paths: this runs once per chunk file, and
-    ``open()``'s buffered file object and ``pathlib`` cost more than the write itself.
-    """
-    folder = path.parent
-    if folder not in _MADE_DIRS:
-        _make_dirs(folder)
-        _MADE_DIRS.add(folder)
-    target = os.fspath(path)
-    cut = target.rfind("/") + 1
-    tmp = f"{target[:cut]}.{target[cut:]}.{os.getpid()}.tmp"
+def _open_folder(folder: Path) -> int:
+    """A descriptor of ``folder``, made first if need be: files in it are then named alone."""
     try:
-        fd = os.open(tmp, _CREATE, 0o644)
-    except FileNotFoundError:  # the folder went since we made it (a removed document)
+        return os.open(folder, _FOLDER)
+    except FileNotFoundError:
         _make_dirs(folder)
-        fd = os.open(tmp, _CREATE, 0o644)
+        return os.open(folder, _FOLDER)
+
+
+def _write_temp(folder: int, name: str, data: bytes) -> str:
+    """``data`` in a hidden temp file beside ``name``; nothing left behind if that fails.
+
+    Plain file descriptors, and names relative to the folder's descriptor: this runs
+    once per chunk file, and the kernel resolves only the last part of each path.
+    """
+    tmp = f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, _CREATE, 0o644, dir_fd=folder)
     try:
         view = memoryview(data)
         while view:
@@ -139,7 +136,7 @@ def _write_temp(path: Path, data: bytes) -> str:
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=folder)
         raise
     os.close(fd)
     return tmp
@@ -147,13 +144,7 @@ def _write_temp(path: Path, data: bytes) -> str:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temp file beside ``path`` and rename it over: readers see old or new, whole."""
-    tmp = _write_temp(path, data)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_all_atomic([(path, data)])
 
 
 def write_all_atomic(items: list[tuple[Path, bytes]]) -> None:
@@ -162,22 +153,30 @@ def write_all_atomic(items: list[tuple[Path, bytes]]) -> None:
     If any temp file cannot be written (a full disk, an I/O error), the others are
     removed and no target is touched: a document is replaced whole or not at all.
     """
-    temps: list[tuple[str, Path]] = []
+    folders: dict[Path, int] = {}
+    temps: list[tuple[int, str, str]] = []  # (folder, temp name, name)
     try:
-        for path, data in items:
-            temps.append((_write_temp(path, data), path))
-    except BaseException:
-        _unlink_all(tmp for tmp, _ in temps)
-        raise
-    for i, (tmp, path) in enumerate(temps):
         try:
-            os.replace(tmp, path)
+            for path, data in items:
+                folder = folders.get(path.parent)
+                if folder is None:
+                    folder = folders[path.parent] = _open_folder(path.parent)
+                temps.append((folder, _write_temp(folder, path.name, data), path.name))
         except BaseException:
-            _unlink_all(left for left, _ in temps[i:])
+            _unlink_all(temps)
             raise
+        for i, (folder, tmp, name) in enumerate(temps):
+            try:
+                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            except BaseException:
+                _unlink_all(temps[i:])
+                raise
+    finally:
+        for folder in folders.values():
+            os.close(folder)
 
 
-def _unlink_all(paths: Iterable[str]) -> None:
-    for path in paths:
+def _unlink_all(temps: Iterable[tuple[int, str, str]]) -> None:
+    for folder, tmp, _ in temps:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.unlink(tmp, dir_fd=folder)
