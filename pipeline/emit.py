@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,7 +66,7 @@ def check_record(record: dict[str, Any], where: str) -> None:
 
 
 def dumps(record: dict[str, Any]) -> bytes:
-    return orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n"
+    return orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
 
 
 def stable_view(record: dict[str, Any]) -> dict[str, Any]:
@@ -112,12 +112,12 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def _open_folder(folder: Path) -> int:
+def _open_folder(folder: str) -> int:
     """A descriptor of ``folder``, made first if need be: files in it are then named alone."""
     try:
         return os.open(folder, _FOLDER)
     except FileNotFoundError:
-        _make_dirs(folder)
+        _make_dirs(Path(folder))
         return os.open(folder, _FOLDER)
 
 
@@ -142,26 +142,29 @@ def _write_temp(folder: int, name: str, data: bytes) -> str:
     return tmp
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write to a temp file beside ``path`` and rename it over: readers see old or new, whole."""
     write_all_atomic([(path, data)])
 
 
-def write_all_atomic(items: list[tuple[Path, bytes]]) -> None:
+def write_all_atomic(items: Sequence[tuple[str | os.PathLike[str], bytes]]) -> None:
     """Write every file to a temp file first, then rename them all into place.
 
     If any temp file cannot be written (a full disk, an I/O error), the others are
     removed and no target is touched: a document is replaced whole or not at all.
     """
-    folders: dict[Path, int] = {}
+    folders: dict[str, int] = {}
     temps: list[tuple[int, str, str]] = []  # (folder, temp name, name)
     try:
         try:
             for path, data in items:
-                folder = folders.get(path.parent)
+                full = os.fspath(path)
+                where, _, name = full.rpartition("/")
+                where = where or ("/" if full.startswith("/") else ".")
+                folder = folders.get(where)
                 if folder is None:
-                    folder = folders[path.parent] = _open_folder(path.parent)
-                temps.append((folder, _write_temp(folder, path.name, data), path.name))
+                    folder = folders[where] = _open_folder(where)
+                temps.append((folder, _write_temp(folder, name, data), name))
         except BaseException:
             _unlink_all(temps)
             raise

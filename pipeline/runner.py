@@ -11,6 +11,7 @@ Each stage takes the previous stage's value and returns a new one; only
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -214,19 +215,18 @@ def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
     The change feed's view (``added``/``changed``) compares with the manifest, so a
     loader hears of every change even when a run that died had already written it.
     """
-    out = Path(job.out)
     digests = job.old_digests
     before = {f: digests[i] if i < len(digests) else "" for i, f in enumerate(job.old_files)}
-    pending: list[tuple[Path, bytes]] = []
+    pending: list[tuple[str, bytes]] = []
     for chunk, digest in zip(chunks, result.digests, strict=True):
-        target = out / chunk.rel_file
+        target = f"{job.out}/{chunk.rel_file}"  # a str: a Path per chunk costs more than its write
         was = before.get(chunk.rel_file)  # None: a new file; "": digest unknown
         if job.fresh:
             on_disk = False
         elif job.trusted and was:
-            on_disk = was == digest and target.exists()
+            on_disk = was == digest and os.path.exists(target)
         else:
-            on_disk = unchanged(target, chunk.record)
+            on_disk = unchanged(Path(target), chunk.record)
         if was is None:
             result.added.append(chunk.rel_file)
         elif (was != digest) if was else not on_disk:
