@@ -186,8 +186,9 @@ def _siblings(
         limit = (starts[i + 1] - 1) if i + 1 < len(tokens) else last
         if begin > cursor:
             out.extend(_gap(cursor, begin - 1, lines))
-        end = _own_end(tok, begin, limit, lines)
-        block = _block(tok, begin, end, limit, offset, lines, depth)
+        name = type(tok).__name__
+        end = _own_end(name, begin, limit, lines)
+        block = _block(tok, name, begin, end, offset, lines, depth)
         if block is not None:
             out.append(block)
         cursor = max(end, begin) + 1
@@ -199,9 +200,9 @@ def _siblings(
     return tuple(out)
 
 
-def _own_end(tok: Any, begin: int, limit: int, lines: Lines) -> int:
-    """Last line of a block that starts on ``begin`` and may run up to ``limit``."""
-    name = type(tok).__name__
+def _own_end(name: str, begin: int, limit: int, lines: Lines) -> int:
+    """Last line of a block (a token of class ``name``) that starts on ``begin`` and may run
+    up to ``limit``."""
     if name == "Heading":
         return begin
     if name == "SetextHeading":
@@ -234,20 +235,25 @@ def _gap(first: int, last: int, lines: Lines) -> list[Block]:
     return [_make("linkdef", first, last, lines)]
 
 
-def _make(kind: BlockKind, first: int, last: int, lines: Lines, **extra: Any) -> Block:
-    start = lines.start(first)
-    end = lines.end(last)
-    text = lines.text
+def _make(
+    kind: BlockKind,
+    first: int,
+    last: int,
+    lines: Lines,
+    children: tuple[Block, ...] = (),
+    level: int = 0,
+    title: str = "",
+) -> Block:
+    starts, text = lines.starts, lines.text
+    start = starts[first - 1]  # ``Lines.start`` and ``Lines.end``, inline: once per block
+    end = starts[last] - 1 if last < lines.count else len(text)
     while end > start and text[end - 1] in " \t":
         end -= 1
     # a block starts at its first non-blank line's start, so leading indent is kept
-    return Block(kind, start, end, first, last, **extra)
+    return Block(kind, start, end, first, last, children, level, title)
 
 
-def _block(
-    tok: Any, first: int, last: int, limit: int, offset: int, lines: Lines, depth: int
-) -> Block | None:
-    name = type(tok).__name__
+def _block(tok: Any, name: str, first: int, last: int, offset: int, lines: Lines, depth: int) -> Block | None:
     kind = _KIND_BY_TOKEN.get(name)
     if kind is None:
         return None
