@@ -143,9 +143,24 @@ def _fresh(found: Found, entry: dict[str, Any] | None, p_hash: str, since: float
     return {**entry, "mtime_ns": st.st_mtime_ns} if same else None
 
 
-def _files_missing(out: Path, entry: dict[str, Any] | None) -> bool:
-    """True when a chunk file the manifest lists is gone: the next run puts it back."""
-    return bool(entry) and not all(os.path.exists(out / f) for f in entry.get("files", ()))  # type: ignore[union-attr]
+def _files_missing(out: Path, entry: dict[str, Any] | None, listings: dict[str, set[str]]) -> bool:
+    """True when a chunk file the manifest lists is gone: the next run puts it back.
+
+    ``listings``: the names in each output folder, listed once per sync and kept there
+    (a stat per chunk file cost a no-op run over 31,000 chunks most of its time).
+    """
+    for rel_file in (entry or {}).get("files", ()):
+        folder, _, name = rel_file.rpartition("/")
+        names = listings.get(folder)
+        if names is None:
+            try:
+                names = set(os.listdir(out / folder if folder else out))
+            except OSError:  # gone, or unreadable: its files are as good as missing
+                names = set()
+            listings[folder] = names
+        if name not in names:
+            return True
+    return False
 
 
 def _drop_name_clashes(found: list[Found], others: dict[str, Any], summary: Summary) -> list[Found]:
@@ -344,9 +359,10 @@ class Session:
         processed_at = now_iso()
         empty_out, self._empty_out = self._empty_out, False  # true for the first sync at most
         jobs: list[Job] = []
+        listings: dict[str, set[str]] = {}
         for f in found:
             entry = old_docs.get(f.rel_path)
-            forced = opts.full or f.rel_path in self.recovering or _files_missing(opts.out, entry)
+            forced = opts.full or f.rel_path in self.recovering or _files_missing(opts.out, entry, listings)
             fresh = None if forced else _fresh(f, entry, self.p_hash, since)
             if fresh is not None:
                 new_docs[f.rel_path] = fresh

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -422,3 +423,17 @@ def test_a_first_run_still_sweeps_strays_it_did_not_write(tmp_path: Path) -> Non
     assert not summary.failures and summary.removed == 1
     assert not (out / "doc_ghost__ch0.json").exists() and not list(out.rglob("*.tmp"))
     assert set(chunk_files(out)) == {f for e in manifest(out)["docs"].values() for f in e["files"]}
+
+
+def test_missing_files_and_folders_deep_in_the_output_are_put_back(built: tuple[Path, Path]) -> None:
+    corpus, out = built
+    before = chunk_files(out)
+    deep = sorted(f for f in before if f.startswith("sub/deeper/"))
+    notes = sorted(f for f in before if f.startswith("sub/doc_notes__"))
+    assert deep and len(notes) > 1
+    shutil.rmtree(out / "sub" / "deeper")  # a whole folder of chunk files
+    (out / notes[-1]).unlink()  # one file among its document's others
+    summary = run(corpus, out)
+    assert summary.processed == 2 and summary.skipped == 3
+    assert summary.written == len(deep) + 1
+    assert set(chunk_files(out)) == set(before)
