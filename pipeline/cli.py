@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -276,8 +277,24 @@ def watch_cmd(
 
 
 def run() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    It leaves by ``os._exit`` once stdout and stderr are flushed: Python's own teardown
+    would free every object of the run one by one (60-90 ms after an ingest of 18 MB)
+    just before the process ends anyway. Every file chunkyard writes is closed by then
+    (plain descriptors, or ``with`` blocks), and the workers have been joined.
+    """
+    try:
+        app()
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):  # what ``sys.exit("message")`` would print
+        sys.stderr.write(code + "\n")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 # --- audit tools (SPEC §8): validate, resolve, check-citations --------------------------------
