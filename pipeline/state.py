@@ -51,8 +51,8 @@ def load_manifest(out: Path) -> dict[str, Any]:
 
 def save_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """Written last, atomically: the manifest never describes files that are not there."""
-    data = orjson.dumps(manifest)  # compact: it is rewritten on every sync that changes something
-    write_atomic(state_dir(out) / MANIFEST, data + b"\n")
+    # compact: it is rewritten on every sync that changes something
+    write_atomic(state_dir(out) / MANIFEST, orjson.dumps(manifest, option=orjson.OPT_APPEND_NEWLINE))
 
 
 def load_redirects(out: Path) -> dict[str, str]:
