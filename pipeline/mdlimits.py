@@ -377,16 +377,15 @@ def _tokenize_block(iterable: Any, token_types: Any, start_line: int = 1) -> Any
     no ``start`` check is needed for either.
     """
     key = tuple(token_types)
+    paragraph = block_token.Paragraph
     plain_first = _PLAIN_FIRST.get(key)
     if plain_first is None:
-        paragraph = block_token.Paragraph
         plain_first = _PLAIN_FIRST[key] = paragraph in key and all(
             t is paragraph or t in NO_LETTER_START for t in key
         )
     lines = block_tokenizer.FileWrapper(iterable, start_line=start_line)  # type: ignore[no-untyped-call]
     parse_buffer = block_tokenizer.ParseBuffer()  # type: ignore[no-untyped-call]
     src = lines.lines  # ``peek`` and ``next`` by index: the wrapper's list and position
-    paragraph = block_token.Paragraph
     while (at := lines._index + 1) < len(src):
         line = src[at]
         if plain_first and line == "\n":  # an empty line starts nothing either

@@ -160,20 +160,20 @@ def mint(
     ids = [f"{parent}::ch{n}" for n in range(total)]
     uid_rev = f"{uid}|r={outline_hash}|s="
     files = chunk_files(name, total)
-    heads: dict[str, tuple[Any, ...]] = {}  # per section; its lists are shared by its chunks
+    heads: dict[str, dict[str, Any]] = {}  # per section; its lists are shared by its chunks
     for n, d in enumerate(drafts):
         sect = d.section
         head = heads.get(sect.path)
         if head is None:
             titles, slugs = sect.titles, sect.slugs
-            head = heads[sect.path] = (
-                titles[-1] if titles else "",
-                list(titles),
-                " > ".join(titles),
-                list(sect.depths),
-                list(slugs),
-                slugs[-1] if slugs else "",
-            )
+            head = heads[sect.path] = {
+                "sectionTitle": titles[-1] if titles else "",
+                "headerPath": list(titles),
+                "headerBreadcrumb": " > ".join(titles),
+                "headerDepths": list(sect.depths),
+                "headerSlugs": list(slugs),
+                "sectionSlug": slugs[-1] if slugs else "",
+            }
         start, end = d.start, d.end
         original = doc.text[start:end]
         record: dict[str, Any] = {
@@ -187,12 +187,7 @@ def mint(
             "section_id": sect.path,
             "block_type": d.block_type,
             "fileTitle": title,
-            "sectionTitle": head[0],
-            "headerPath": head[1],
-            "headerBreadcrumb": head[2],
-            "headerDepths": head[3],
-            "headerSlugs": head[4],
-            "sectionSlug": head[5],
+            **head,  # sectionTitle … sectionSlug, in this place of the record
             "originalText": original,
             "embedText": d.embed_text,
             "charOffsets": {"charStart": start, "charEnd": end, "totalChars": end - start},

@@ -244,9 +244,9 @@ def _make(
     level: int = 0,
     title: str = "",
 ) -> Block:
-    starts, text = lines.starts, lines.text
-    start = starts[first - 1]  # ``Lines.start`` and ``Lines.end``, inline: once per block
-    end = starts[last] - 1 if last < lines.count else len(text)
+    start = lines.start(first)
+    end = lines.end(last)
+    text = lines.text
     while end > start and text[end - 1] in " \t":
         end -= 1
     # a block starts at its first non-blank line's start, so leading indent is kept

@@ -10,7 +10,8 @@ by ``sys.maxunicode``), then fills the very same set object in from the table, s
 mistletoe ends with the set it would have built. A version not in the table (a
 newer Python) takes mistletoe's own path, as slow as before and as right.
 
-``python -m pipeline.punctuation`` prints the table row for the running Python;
+``python -m pipeline.punctuation`` prints what the running Python's Unicode adds to the
+newest older version in the table (its ``_ADDED`` entry);
 ``tests/test_punctuation.py`` checks the row against mistletoe's own computation.
 """
 
@@ -20,73 +21,43 @@ import sys
 import threading
 import unicodedata
 
-#: Code point ranges (hex ``first-last``) of the categories P* per Unicode version, less ASCII
-#: (mistletoe lists ASCII punctuation itself).
-_RANGES: dict[str, str] = {
-    "14.0.0": (
-        "a1,a7,ab,b6-b7,bb,bf,37e,387,55a-55f,589-58a,5be,5c0,5c3,5c6,5f3-5f4,609-60a,60c-60d,"
-        "61b,61d-61f,66a-66d,6d4,700-70d,7f7-7f9,830-83e,85e,964-965,970,9fd,a76,af0,c77,c84,"
-        "df4,e4f,e5a-e5b,f04-f12,f14,f3a-f3d,f85,fd0-fd4,fd9-fda,104a-104f,10fb,1360-1368,1400,"
-        "166e,169b-169c,16eb-16ed,1735-1736,17d4-17d6,17d8-17da,1800-180a,1944-1945,1a1e-1a1f,"
-        "1aa0-1aa6,1aa8-1aad,1b5a-1b60,1b7d-1b7e,1bfc-1bff,1c3b-1c3f,1c7e-1c7f,1cc0-1cc7,1cd3,"
-        "2010-2027,2030-2043,2045-2051,2053-205e,207d-207e,208d-208e,2308-230b,2329-232a,"
-        "2768-2775,27c5-27c6,27e6-27ef,2983-2998,29d8-29db,29fc-29fd,2cf9-2cfc,2cfe-2cff,2d70,"
-        "2e00-2e2e,2e30-2e4f,2e52-2e5d,3001-3003,3008-3011,3014-301f,3030,303d,30a0,30fb,"
-        "a4fe-a4ff,a60d-a60f,a673,a67e,a6f2-a6f7,a874-a877,a8ce-a8cf,a8f8-a8fa,a8fc,a92e-a92f,"
-        "a95f,a9c1-a9cd,a9de-a9df,aa5c-aa5f,aade-aadf,aaf0-aaf1,abeb,fd3e-fd3f,fe10-fe19,"
-        "fe30-fe52,fe54-fe61,fe63,fe68,fe6a-fe6b,ff01-ff03,ff05-ff0a,ff0c-ff0f,ff1a-ff1b,"
-        "ff1f-ff20,ff3b-ff3d,ff3f,ff5b,ff5d,ff5f-ff65,10100-10102,1039f,103d0,1056f,10857,1091f,"
-        "1093f,10a50-10a58,10a7f,10af0-10af6,10b39-10b3f,10b99-10b9c,10ead,10f55-10f59,"
-        "10f86-10f89,11047-1104d,110bb-110bc,110be-110c1,11140-11143,11174-11175,111c5-111c8,"
-        "111cd,111db,111dd-111df,11238-1123d,112a9,1144b-1144f,1145a-1145b,1145d,114c6,"
-        "115c1-115d7,11641-11643,11660-1166c,116b9,1173c-1173e,1183b,11944-11946,119e2,"
-        "11a3f-11a46,11a9a-11a9c,11a9e-11aa2,11c41-11c45,11c70-11c71,11ef7-11ef8,11fff,"
-        "12470-12474,12ff1-12ff2,16a6e-16a6f,16af5,16b37-16b3b,16b44,16e97-16e9a,16fe2,1bc9f,"
-        "1da87-1da8b,1e95e-1e95f"
-    ),
-    "15.0.0": (
-        "a1,a7,ab,b6-b7,bb,bf,37e,387,55a-55f,589-58a,5be,5c0,5c3,5c6,5f3-5f4,609-60a,60c-60d,"
-        "61b,61d-61f,66a-66d,6d4,700-70d,7f7-7f9,830-83e,85e,964-965,970,9fd,a76,af0,c77,c84,"
-        "df4,e4f,e5a-e5b,f04-f12,f14,f3a-f3d,f85,fd0-fd4,fd9-fda,104a-104f,10fb,1360-1368,1400,"
-        "166e,169b-169c,16eb-16ed,1735-1736,17d4-17d6,17d8-17da,1800-180a,1944-1945,1a1e-1a1f,"
-        "1aa0-1aa6,1aa8-1aad,1b5a-1b60,1b7d-1b7e,1bfc-1bff,1c3b-1c3f,1c7e-1c7f,1cc0-1cc7,1cd3,"
-        "2010-2027,2030-2043,2045-2051,2053-205e,207d-207e,208d-208e,2308-230b,2329-232a,"
-        "2768-2775,27c5-27c6,27e6-27ef,2983-2998,29d8-29db,29fc-29fd,2cf9-2cfc,2cfe-2cff,2d70,"
-        "2e00-2e2e,2e30-2e4f,2e52-2e5d,3001-3003,3008-3011,3014-301f,3030,303d,30a0,30fb,"
-        "a4fe-a4ff,a60d-a60f,a673,a67e,a6f2-a6f7,a874-a877,a8ce-a8cf,a8f8-a8fa,a8fc,a92e-a92f,"
-        "a95f,a9c1-a9cd,a9de-a9df,aa5c-aa5f,aade-aadf,aaf0-aaf1,abeb,fd3e-fd3f,fe10-fe19,"
-        "fe30-fe52,fe54-fe61,fe63,fe68,fe6a-fe6b,ff01-ff03,ff05-ff0a,ff0c-ff0f,ff1a-ff1b,"
-        "ff1f-ff20,ff3b-ff3d,ff3f,ff5b,ff5d,ff5f-ff65,10100-10102,1039f,103d0,1056f,10857,1091f,"
-        "1093f,10a50-10a58,10a7f,10af0-10af6,10b39-10b3f,10b99-10b9c,10ead,10f55-10f59,"
-        "10f86-10f89,11047-1104d,110bb-110bc,110be-110c1,11140-11143,11174-11175,111c5-111c8,"
-        "111cd,111db,111dd-111df,11238-1123d,112a9,1144b-1144f,1145a-1145b,1145d,114c6,"
-        "115c1-115d7,11641-11643,11660-1166c,116b9,1173c-1173e,1183b,11944-11946,119e2,"
-        "11a3f-11a46,11a9a-11a9c,11a9e-11aa2,11b00-11b09,11c41-11c45,11c70-11c71,11ef7-11ef8,"
-        "11f43-11f4f,11fff,12470-12474,12ff1-12ff2,16a6e-16a6f,16af5,16b37-16b3b,16b44,"
-        "16e97-16e9a,16fe2,1bc9f,1da87-1da8b,1e95e-1e95f"
-    ),
-    "15.1.0": (
-        "a1,a7,ab,b6-b7,bb,bf,37e,387,55a-55f,589-58a,5be,5c0,5c3,5c6,5f3-5f4,609-60a,60c-60d,"
-        "61b,61d-61f,66a-66d,6d4,700-70d,7f7-7f9,830-83e,85e,964-965,970,9fd,a76,af0,c77,c84,"
-        "df4,e4f,e5a-e5b,f04-f12,f14,f3a-f3d,f85,fd0-fd4,fd9-fda,104a-104f,10fb,1360-1368,1400,"
-        "166e,169b-169c,16eb-16ed,1735-1736,17d4-17d6,17d8-17da,1800-180a,1944-1945,1a1e-1a1f,"
-        "1aa0-1aa6,1aa8-1aad,1b5a-1b60,1b7d-1b7e,1bfc-1bff,1c3b-1c3f,1c7e-1c7f,1cc0-1cc7,1cd3,"
-        "2010-2027,2030-2043,2045-2051,2053-205e,207d-207e,208d-208e,2308-230b,2329-232a,"
-        "2768-2775,27c5-27c6,27e6-27ef,2983-2998,29d8-29db,29fc-29fd,2cf9-2cfc,2cfe-2cff,2d70,"
-        "2e00-2e2e,2e30-2e4f,2e52-2e5d,3001-3003,3008-3011,3014-301f,3030,303d,30a0,30fb,"
-        "a4fe-a4ff,a60d-a60f,a673,a67e,a6f2-a6f7,a874-a877,a8ce-a8cf,a8f8-a8fa,a8fc,a92e-a92f,"
-        "a95f,a9c1-a9cd,a9de-a9df,aa5c-aa5f,aade-aadf,aaf0-aaf1,abeb,fd3e-fd3f,fe10-fe19,"
-        "fe30-fe52,fe54-fe61,fe63,fe68,fe6a-fe6b,ff01-ff03,ff05-ff0a,ff0c-ff0f,ff1a-ff1b,"
-        "ff1f-ff20,ff3b-ff3d,ff3f,ff5b,ff5d,ff5f-ff65,10100-10102,1039f,103d0,1056f,10857,1091f,"
-        "1093f,10a50-10a58,10a7f,10af0-10af6,10b39-10b3f,10b99-10b9c,10ead,10f55-10f59,"
-        "10f86-10f89,11047-1104d,110bb-110bc,110be-110c1,11140-11143,11174-11175,111c5-111c8,"
-        "111cd,111db,111dd-111df,11238-1123d,112a9,1144b-1144f,1145a-1145b,1145d,114c6,"
-        "115c1-115d7,11641-11643,11660-1166c,116b9,1173c-1173e,1183b,11944-11946,119e2,"
-        "11a3f-11a46,11a9a-11a9c,11a9e-11aa2,11b00-11b09,11c41-11c45,11c70-11c71,11ef7-11ef8,"
-        "11f43-11f4f,11fff,12470-12474,12ff1-12ff2,16a6e-16a6f,16af5,16b37-16b3b,16b44,"
-        "16e97-16e9a,16fe2,1bc9f,1da87-1da8b,1e95e-1e95f"
-    ),
-}
+#: Code point ranges (hex ``first-last``) of the categories P* in Unicode 14.0 (Python 3.11),
+#: less ASCII (mistletoe lists ASCII punctuation itself).
+_UNICODE_14 = (
+    "a1,a7,ab,b6-b7,bb,bf,37e,387,55a-55f,589-58a,5be,5c0,5c3,5c6,5f3-5f4,609-60a,60c-60d,"
+    "61b,61d-61f,66a-66d,6d4,700-70d,7f7-7f9,830-83e,85e,964-965,970,9fd,a76,af0,c77,c84,"
+    "df4,e4f,e5a-e5b,f04-f12,f14,f3a-f3d,f85,fd0-fd4,fd9-fda,104a-104f,10fb,1360-1368,1400,"
+    "166e,169b-169c,16eb-16ed,1735-1736,17d4-17d6,17d8-17da,1800-180a,1944-1945,1a1e-1a1f,"
+    "1aa0-1aa6,1aa8-1aad,1b5a-1b60,1b7d-1b7e,1bfc-1bff,1c3b-1c3f,1c7e-1c7f,1cc0-1cc7,1cd3,"
+    "2010-2027,2030-2043,2045-2051,2053-205e,207d-207e,208d-208e,2308-230b,2329-232a,"
+    "2768-2775,27c5-27c6,27e6-27ef,2983-2998,29d8-29db,29fc-29fd,2cf9-2cfc,2cfe-2cff,2d70,"
+    "2e00-2e2e,2e30-2e4f,2e52-2e5d,3001-3003,3008-3011,3014-301f,3030,303d,30a0,30fb,"
+    "a4fe-a4ff,a60d-a60f,a673,a67e,a6f2-a6f7,a874-a877,a8ce-a8cf,a8f8-a8fa,a8fc,a92e-a92f,"
+    "a95f,a9c1-a9cd,a9de-a9df,aa5c-aa5f,aade-aadf,aaf0-aaf1,abeb,fd3e-fd3f,fe10-fe19,"
+    "fe30-fe52,fe54-fe61,fe63,fe68,fe6a-fe6b,ff01-ff03,ff05-ff0a,ff0c-ff0f,ff1a-ff1b,"
+    "ff1f-ff20,ff3b-ff3d,ff3f,ff5b,ff5d,ff5f-ff65,10100-10102,1039f,103d0,1056f,10857,1091f,"
+    "1093f,10a50-10a58,10a7f,10af0-10af6,10b39-10b3f,10b99-10b9c,10ead,10f55-10f59,"
+    "10f86-10f89,11047-1104d,110bb-110bc,110be-110c1,11140-11143,11174-11175,111c5-111c8,"
+    "111cd,111db,111dd-111df,11238-1123d,112a9,1144b-1144f,1145a-1145b,1145d,114c6,"
+    "115c1-115d7,11641-11643,11660-1166c,116b9,1173c-1173e,1183b,11944-11946,119e2,"
+    "11a3f-11a46,11a9a-11a9c,11a9e-11aa2,11c41-11c45,11c70-11c71,11ef7-11ef8,11fff,"
+    "12470-12474,12ff1-12ff2,16a6e-16a6f,16af5,16b37-16b3b,16b44,16e97-16e9a,16fe2,1bc9f,"
+    "1da87-1da8b,1e95e-1e95f"
+)
+#: What each later version added to the one before it (none has taken any away so far).
+_ADDED = {"15.0.0": "11b00-11b09,11f43-11f4f", "15.1.0": ""}
+
+
+def _rows() -> dict[str, str]:
+    """The ranges per Unicode version: 14.0's, then each version's additions on top."""
+    rows = {"14.0.0": _UNICODE_14}
+    row = _UNICODE_14
+    for version, added in _ADDED.items():
+        row = rows[version] = f"{row},{added}" if added else row
+    return rows
+
+
+_RANGES = _rows()
 
 _LOCK = threading.Lock()
 
@@ -147,4 +118,13 @@ def import_mistletoe() -> None:
 
 
 if __name__ == "__main__":
-    print(f"    {unicodedata.unidata_version!r}: {encode(_scan())!r},")
+
+    def _version(v: str) -> tuple[int, ...]:
+        return tuple(map(int, v.split(".")))
+
+    older = [v for v in _RANGES if _version(v) < _version(unicodedata.unidata_version)]
+    before = decode(_RANGES[max(older, key=_version)]) if older else set()
+    now = _scan()
+    if before - now:
+        print(f"removed since {max(older, key=_version)}: {encode(before - now)} (_ADDED cannot say so)")
+    print(f"{unicodedata.unidata_version!r}: {encode(now - before) if now - before else ''!r}")
