@@ -18,7 +18,8 @@ pays one pipe round trip per document, not a process start.
 Memory: every worker caps its own address space (``RLIMIT_AS``) at what it had
 when it started plus ``memory_mb``. A document that needs more gets a
 ``MemoryError`` (reported, then the worker is replaced, since its heap may be
-fragmented) or, when the allocation fails in native code (the tokenizer is Rust,
+fragmented; a ``SystemError``, which CPython raises when some C paths fail to
+allocate, counts as the same) or, when the allocation fails in native code (the tokenizer is Rust,
 which aborts), the worker dies and the document is reported as out of memory.
 The size limit (``--max-bytes``) refuses big files before any of this; the cap is
 for the small file that explodes (deep nesting makes the parser copy lines once
@@ -161,6 +162,25 @@ def _cap_memory(memory_mb: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (want, hard))
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether an exception other than ``MemoryError`` is how a capped worker ran out.
+
+    CPython does not always turn a failed allocation into ``MemoryError``: some C
+    paths return an error without setting one, which surfaces as ``SystemError``
+    ("error return without exception set"), and a ``MemoryError`` raised while
+    another exception was handled hides behind it as its context. Under the
+    address-space cap either means the document wanted more than it may have.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, (MemoryError, SystemError)):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
+
+
 def _exit_with_parent(parent: int) -> None:
     """A worker whose parent died exits (its copy of the output lock goes with it)."""
     while True:
@@ -198,7 +218,11 @@ def _serve(conn: Connection, parent: int, memory_mb: int, board: mmap.mmap) -> N
             result = DocResult(job.rel_path, error=memory_message(job.rel_path, memory_mb))
             fatal = True  # the heap may be in pieces: let a fresh worker take over
         except Exception as exc:  # noqa: BLE001 - a bug in one document must not stop the run
-            result = DocResult(job.rel_path, error=bug_message(job.rel_path, exc))
+            fatal = memory_mb > 0 and _out_of_memory(exc)
+            result = DocResult(
+                job.rel_path,
+                error=memory_message(job.rel_path, memory_mb) if fatal else bug_message(job.rel_path, exc),
+            )
         try:
             if fatal:
                 conn.send(_RETIRING)

@@ -317,6 +317,41 @@ def test_a_worker_that_dies_or_hits_a_bug_is_reported(tmp_path: Path, monkeypatc
     assert results[2].error is None and results[2].files
 
 
+@pytest.mark.parametrize("memory_mb", [48, 0])
+def test_an_allocation_failure_that_python_reports_oddly_is_still_out_of_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_mb: int
+) -> None:
+    """CPython can report a failed allocation as SystemError, or a MemoryError as another
+    exception's context; under a memory cap both are the document's size, not a bug."""
+    real = runner_mod.chunk_document
+
+    def sabotage(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
+        if rel_path == "odd.md":
+            raise SystemError("error return without exception set")
+        if rel_path == "chained.md":
+            try:
+                raise MemoryError
+            except MemoryError:
+                raise KeyError("while handling it")  # noqa: B904 - the context is the point
+        return real(raw, rel_path, *a, **k)
+
+    monkeypatch.setattr(runner_mod, "chunk_document", sabotage)  # before the pool forks its workers
+    names = ["odd.md", "chained.md", "ok.md"]
+    corpus = _corpus(tmp_path / "c", dict.fromkeys(names, GOOD))
+    pool = GuardPool(1, 30.0, memory_mb)
+    try:
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", names)))
+    finally:
+        pool.close()
+    if memory_mb:
+        assert results[0].error and "needs more than 48 MiB" in results[0].error
+        assert results[1].error and "needs more than 48 MiB" in results[1].error
+    else:
+        assert results[0].error and "internal error SystemError" in results[0].error
+        assert results[1].error and "internal error KeyError" in results[1].error
+    assert results[2].error is None and results[2].files
+
+
 def test_a_queued_job_gets_its_own_full_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker holds the next job in its pipe; that job's clock starts when it starts."""
     real = runner_mod.chunk_document
