@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -109,6 +110,7 @@ def _make_dirs(folder: Path) -> None:
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_UNNAMED_FLAGS = getattr(os, "O_TMPFILE", 0) | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 _FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -130,9 +132,7 @@ def _write_temp(folder: int, name: str, data: bytes) -> str:
     tmp = f".{name}.{os.getpid()}.tmp"
     fd = os.open(tmp, _CREATE, 0o644, dir_fd=folder)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_fd(fd, data)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -142,28 +142,48 @@ def _write_temp(folder: int, name: str, data: bytes) -> str:
     return tmp
 
 
+def _write_fd(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write to a temp file beside ``path`` and rename it over: readers see old or new, whole."""
     write_all_atomic([(path, data)])
 
 
-def write_all_atomic(items: Sequence[tuple[str | os.PathLike[str], bytes]]) -> None:
+def _split(path: str | os.PathLike[str], folders: dict[str, int]) -> tuple[int, str]:
+    """``path`` as (descriptor of its folder, opened once per call of the caller, name)."""
+    full = os.fspath(path)
+    where, _, name = full.rpartition("/")
+    where = where or ("/" if full.startswith("/") else ".")
+    folder = folders.get(where)
+    if folder is None:
+        folder = folders[where] = _open_folder(where)
+    return folder, name
+
+
+def write_all_atomic(items: Sequence[tuple[str | os.PathLike[str], bytes]], new: bool = False) -> None:
     """Write every file to a temp file first, then rename them all into place.
 
     If any temp file cannot be written (a full disk, an I/O error), the others are
     removed and no target is touched: a document is replaced whole or not at all.
+    ``new`` says no target exists yet (a fresh output folder): see ``_write_all_new``.
     """
+    global _unnamed_usable
     folders: dict[str, int] = {}
-    temps: list[tuple[int, str, str]] = []  # (folder, temp name, name)
     try:
+        if new and _unnamed_usable and len(items) <= _UNNAMED_AT_ONCE:
+            try:
+                _write_all_new(items, folders)
+                return
+            except _NoUnnamedError:
+                _unnamed_usable = False
+        temps: list[tuple[int, str, str]] = []  # (folder, temp name, name)
         try:
             for path, data in items:
-                full = os.fspath(path)
-                where, _, name = full.rpartition("/")
-                where = where or ("/" if full.startswith("/") else ".")
-                folder = folders.get(where)
-                if folder is None:
-                    folder = folders[where] = _open_folder(where)
+                folder, name = _split(path, folders)
                 temps.append((folder, _write_temp(folder, name, data), name))
         except BaseException:
             _unlink_all(temps)
@@ -177,6 +197,64 @@ def write_all_atomic(items: Sequence[tuple[str | os.PathLike[str], bytes]]) -> N
     finally:
         for folder in folders.values():
             os.close(folder)
+
+
+class _NoUnnamedError(Exception):
+    """This system or file system cannot make unnamed files: use named temp files."""
+
+
+#: Linux makes unnamed files (and links them by their /proc name); cleared when a
+#: file system refuses them (then this process uses named temp files).
+_unnamed_usable = bool(getattr(os, "O_TMPFILE", 0)) and os.path.isdir("/proc/self/fd")
+#: Each unnamed file is an open descriptor until it is linked; a document with more
+#: chunk files than this takes the named temp files (descriptors are limited).
+_UNNAMED_AT_ONCE = 256
+
+
+def _write_all_new(items: Sequence[tuple[str | os.PathLike[str], bytes]], folders: dict[str, int]) -> None:
+    """Write files whose targets do not exist: each is made unnamed, then linked into place.
+
+    On Linux ``O_TMPFILE`` makes a file with no name in its folder; ``linkat`` gives
+    it one. That is one change to the folder per file, where a named temp file
+    costs three (create it, and a rename that removes one name and adds another)
+    and two workers writing side by side wait on each other for each. It is as
+    safe: nothing has a name until every file is written, and an unnamed file
+    vanishes with the process that made it, so a crash leaves no temp file. A
+    target that exists after all (``EEXIST``) is replaced through a named temp
+    file. If linking fails, the files this call named are removed again.
+    """
+    made: list[tuple[int, int, str]] = []  # (folder, descriptor, name)
+    named: list[tuple[int, str]] = []
+    try:
+        for path, data in items:
+            folder, name = _split(path, folders)
+            try:
+                fd = os.open(".", _UNNAMED_FLAGS, 0o644, dir_fd=folder)
+            except OSError as exc:
+                if not made and exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise _NoUnnamedError from exc
+                raise
+            made.append((folder, fd, name))
+            _write_fd(fd, data)
+        for folder, fd, name in made:
+            try:
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
+            except FileExistsError:
+                tmp = f".{name}.{os.getpid()}.tmp"
+                os.link(f"/proc/self/fd/{fd}", tmp, dst_dir_fd=folder, follow_symlinks=True)
+                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                continue  # it had a name before this call: not one to take back
+            named.append((folder, name))
+    except _NoUnnamedError:
+        raise
+    except BaseException:
+        for folder, name in named:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=folder)
+        raise
+    finally:
+        for _, fd, _ in made:
+            os.close(fd)
 
 
 def _unlink_all(temps: Iterable[tuple[int, str, str]]) -> None:

@@ -234,7 +234,7 @@ def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
         if not on_disk:
             pending.append((target, dumps(chunk.record)))
     try:
-        write_all_atomic(pending)
+        write_all_atomic(pending, new=job.fresh)
     except OSError:
         result.unsafe = True
         raise

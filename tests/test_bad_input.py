@@ -274,6 +274,38 @@ def test_full_disk_leaves_no_partial_files(world: Path, small_disk: Path) -> Non
         assert stable_view(orjson.loads(got[rel])) == stable_view(orjson.loads(want[rel])), rel
 
 
+def test_a_full_disk_on_a_fresh_output_leaves_no_part_of_a_document(world: Path, small_disk: Path) -> None:
+    """A fresh output folder takes unnamed files linked in (emit.py): a document that
+    does not fit still leaves none of its files, and no temp file, behind."""
+    corpus, out, clean = world / "corpus", small_disk / "out", world / "clean"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"doc{i}.md").write_text(GOOD.replace("Good", f"Doc {i}"))
+    big = "\n\n".join(
+        f"## Part {n}\n\n" + f"Paragraph {n} with quite a few words in it. " * 40 for n in range(200)
+    )
+    (corpus / "victim.md").write_text("# Victim\n\n" + big)
+    resize(small_disk, 512 * 1024)  # room for the small documents and the state, not the victim's 2 MB
+    proc = cli("ingest", str(corpus), "--out", str(out), "--jobs", "1", "--json")
+    summary = orjson.loads(proc.stdout)
+    assert proc.returncode in (1, 2), proc.stderr
+    assert any(f.startswith("victim.md") and "No space left" in f for f in summary["failures"]), summary
+    assert not list(out.rglob("*.tmp"))
+    got = files_of(out)
+    assert not [k for k in got if "victim" in k]
+    assert {k.split("__")[0] for k in got} == {f"doc_doc{i}" for i in range(6)}
+    for data in got.values():
+        orjson.loads(data)
+    resize(small_disk, 64 * 1024 * 1024)
+    time.sleep(0.01)
+    assert cli("ingest", str(corpus), "--out", str(out), "-q").returncode == 0
+    assert not run(corpus, clean).failures
+    got, want = files_of(out), files_of(clean)
+    assert got.keys() == want.keys()
+    for rel in got:
+        assert stable_view(orjson.loads(got[rel])) == stable_view(orjson.loads(want[rel])), rel
+
+
 def test_state_that_cannot_be_written_is_exit_2_and_repaired(
     built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
