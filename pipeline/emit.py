@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -200,12 +199,13 @@ def write_all_atomic(items: Sequence[tuple[str | os.PathLike[str], bytes]], new:
 
 
 class _NoUnnamedError(Exception):
-    """This system or file system cannot make unnamed files: use named temp files."""
+    """Unnamed files failed before they ever worked in this process: use named temp files."""
 
 
 #: Linux makes unnamed files (and links them by their /proc name); cleared when a
 #: file system refuses them (then this process uses named temp files).
 _unnamed_usable = bool(getattr(os, "O_TMPFILE", 0)) and os.path.isdir("/proc/self/fd")
+_unnamed_proven = False  #: a document went that way in this process: later failures are real
 #: Each unnamed file is an open descriptor until it is linked; a document with more
 #: chunk files than this takes the named temp files (descriptors are limited).
 _UNNAMED_AT_ONCE = 256
@@ -221,40 +221,50 @@ def _write_all_new(items: Sequence[tuple[str | os.PathLike[str], bytes]], folder
     safe: nothing has a name until every file is written, and an unnamed file
     vanishes with the process that made it, so a crash leaves no temp file. A
     target that exists after all (``EEXIST``) is replaced through a named temp
-    file. If linking fails, the files this call named are removed again.
+    file. If anything fails, the files this call named are removed again; and until
+    one document has gone this way, a failure means the way itself may not work here
+    (a file system without ``O_TMPFILE``, a /proc that is not procfs): the caller is
+    told to use named temp files, for this document and the rest of the process.
     """
+    global _unnamed_proven
     made: list[tuple[int, int, str]] = []  # (folder, descriptor, name)
     named: list[tuple[int, str]] = []
     try:
         for path, data in items:
             folder, name = _split(path, folders)
-            try:
-                fd = os.open(".", _UNNAMED_FLAGS, 0o644, dir_fd=folder)
-            except OSError as exc:
-                if not made and exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                    raise _NoUnnamedError from exc
-                raise
+            fd = os.open(".", _UNNAMED_FLAGS, 0o644, dir_fd=folder)
             made.append((folder, fd, name))
             _write_fd(fd, data)
         for folder, fd, name in made:
             try:
                 os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
             except FileExistsError:
-                tmp = f".{name}.{os.getpid()}.tmp"
-                os.link(f"/proc/self/fd/{fd}", tmp, dst_dir_fd=folder, follow_symlinks=True)
-                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                _link_over(fd, folder, name)
                 continue  # it had a name before this call: not one to take back
             named.append((folder, name))
-    except _NoUnnamedError:
-        raise
-    except BaseException:
+    except BaseException as exc:
         for folder, name in named:
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=folder)
+        if isinstance(exc, OSError) and not _unnamed_proven:
+            raise _NoUnnamedError from exc
         raise
     finally:
         for _, fd, _ in made:
             os.close(fd)
+    _unnamed_proven = True
+
+
+def _link_over(fd: int, folder: int, name: str) -> None:
+    """Give the unnamed file ``fd`` the name ``name``, replacing the file there."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    os.link(f"/proc/self/fd/{fd}", tmp, dst_dir_fd=folder, follow_symlinks=True)
+    try:
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
 
 
 def _unlink_all(temps: Iterable[tuple[int, str, str]]) -> None:

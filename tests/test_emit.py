@@ -23,6 +23,14 @@ def _names(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+@pytest.fixture(autouse=True)
+def _own_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with emit's per-process flags as a fresh worker has them, and
+    leaves them as it found them."""
+    monkeypatch.setattr(emit_mod, "_unnamed_usable", emit_mod._unnamed_usable)
+    monkeypatch.setattr(emit_mod, "_unnamed_proven", False)
+
+
 def _no_named_temps(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*a: Any) -> str:
         raise AssertionError("a named temp file was made")
@@ -44,6 +52,7 @@ def test_a_fresh_folder_gets_unnamed_files_linked_in(tmp_path: Path, monkeypatch
         "sub/doc_a__ch0.json",
         "sub/doc_a__ch1.json",
     ]
+    assert emit_mod._unnamed_proven  # from now on a failure in this process is a real one
     for path, data in items:
         assert Path(path).read_bytes() == data
         assert Path(path).stat().st_mode & 0o777 == 0o644 & ~_umask()
@@ -75,6 +84,7 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monke
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
+    monkeypatch.setattr(emit_mod, "_unnamed_proven", True)  # unnamed files worked before
     monkeypatch.setattr(emit_mod, "_write_fd", disk_full_on_the_third)
     with pytest.raises(OSError, match="No space"):
         write_all_atomic(_items(tmp_path, 5), new=True)
@@ -92,11 +102,37 @@ def test_a_failed_link_takes_back_the_names_it_gave(tmp_path: Path, monkeypatch:
             raise OSError(errno.EMLINK, "Too many links")
         real(src, dst, **kw)
 
+    monkeypatch.setattr(emit_mod, "_unnamed_proven", True)  # unnamed files worked before
     monkeypatch.setattr(emit_mod.os, "link", link)
     with pytest.raises(OSError, match="Too many links"):
         write_all_atomic(_items(tmp_path, 5), new=True)
     assert len(links) == 3
     assert _names(tmp_path) == []
+
+
+@needs_unnamed
+def test_unnamed_files_that_fail_before_they_ever_worked_give_way_to_named_temps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A /proc that is not procfs, say: the first document is written the other way,
+    and so is every later one, with nothing of the failed attempt left behind."""
+    real = os.link
+    links: list[str] = []
+
+    def link(src: str, dst: str, **kw: Any) -> None:
+        links.append(dst)
+        if src.startswith("/proc/") and len(links) == 2:
+            raise OSError(errno.EPERM, "Operation not permitted")
+        real(src, dst, **kw)
+
+    monkeypatch.setattr(emit_mod.os, "link", link)
+    items = _items(tmp_path, 3)
+    write_all_atomic(items, new=True)
+    assert [Path(p).read_bytes() for p, _ in items] == [d for _, d in items]
+    assert _names(tmp_path) == ["doc_a__ch0.json", "doc_a__ch1.json", "doc_a__ch2.json"]
+    assert emit_mod._unnamed_usable is False
+    write_all_atomic(_items(tmp_path / "x", 2), new=True)
+    assert len(links) == 2 and (tmp_path / "x" / "doc_a__ch1.json").exists()
 
 
 def test_a_file_system_without_unnamed_files_gets_named_temps(
@@ -112,7 +148,6 @@ def test_a_file_system_without_unnamed_files_gets_named_temps(
             raise OSError(errno.EOPNOTSUPP, "Operation not supported")
         return real(path, flags, *a, **kw)
 
-    monkeypatch.setattr(emit_mod, "_unnamed_usable", emit_mod._unnamed_usable)  # restored afterwards
     monkeypatch.setattr(emit_mod.os, "open", no_tmpfile)
     items = _items(tmp_path, 3)
     write_all_atomic(items, new=True)
