@@ -19,8 +19,9 @@ Memory: every worker caps its own address space (``RLIMIT_AS``) at what it had
 when it started plus ``memory_mb``. A document that needs more gets a
 ``MemoryError`` (reported, then the worker is replaced, since its heap may be
 fragmented; a ``SystemError``, which CPython raises when some C paths fail to
-allocate, counts as the same) or, when the allocation fails in native code (the tokenizer is Rust,
-which aborts), the worker dies and the document is reported as out of memory.
+allocate, counts as the same) or, when the allocation fails in native code (the
+tokenizer is Rust, which aborts), the worker dies and the document is reported as
+out of memory.
 The size limit (``--max-bytes``) refuses big files before any of this; the cap is
 for the small file that explodes (deep nesting makes the parser copy lines once
 per level). A worker also exits when its parent goes away, so it never outlives
