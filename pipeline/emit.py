@@ -252,7 +252,7 @@ def _write_all_new(items: Sequence[tuple[str | os.PathLike[str], bytes]], folder
     finally:
         for _, fd, _ in made:
             os.close(fd)
-    _unnamed_proven = True
+    _unnamed_proven = _unnamed_proven or bool(made)  # an empty document proves nothing
 
 
 def _link_over(fd: int, folder: int, name: str) -> None:

@@ -234,20 +234,39 @@ def resize(mnt: Path, size: int) -> None:
     subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
 
 
+#: Some 2 MB of chunk files: more than the small disk has room for.
+BIG_VICTIM = "# Victim\n\n" + "\n\n".join(
+    f"## Part {n}\n\n" + f"Paragraph {n} with quite a few words in it. " * 40 for n in range(200)
+)
+
+
+def small_documents(corpus: Path) -> None:
+    for i in range(6):
+        (corpus / f"doc{i}.md").write_text(GOOD.replace("Good", f"Doc {i}"))
+
+
+def converges_with_room_again(small_disk: Path, corpus: Path, out: Path, clean: Path) -> None:
+    """Room again: the next run converges to what a clean run gives."""
+    resize(small_disk, 64 * 1024 * 1024)
+    time.sleep(0.01)
+    assert cli("ingest", str(corpus), "--out", str(out), "-q").returncode == 0
+    assert not run(corpus, clean).failures
+    got, want = files_of(out), files_of(clean)
+    assert got.keys() == want.keys()
+    for rel in got:
+        assert stable_view(orjson.loads(got[rel])) == stable_view(orjson.loads(want[rel])), rel
+
+
 def test_full_disk_leaves_no_partial_files(world: Path, small_disk: Path) -> None:
     corpus, out, clean = world / "corpus", small_disk / "out", world / "clean"
     corpus.mkdir()
-    for i in range(6):
-        (corpus / f"doc{i}.md").write_text(GOOD.replace("Good", f"Doc {i}"))
+    small_documents(corpus)
     (corpus / "victim.md").write_text(VICTIM)
     assert not run(corpus, out).failures
     before = files_of(out)
     used = shutil.disk_usage(small_disk).used
     resize(small_disk, used + 64 * 1024)  # a little room: the big rewrite of victim.md cannot fit
-    big = "\n\n".join(
-        f"## Part {n}\n\n" + f"Paragraph {n} with quite a few words in it. " * 40 for n in range(200)
-    )
-    (corpus / "victim.md").write_text("# Victim\n\n" + big)
+    (corpus / "victim.md").write_text(BIG_VICTIM)
     (corpus / "doc0.md").write_text(GOOD + "\nA small edit.\n")
     proc = cli("ingest", str(corpus), "--out", str(out), "--jobs", "1", "--json")
     summary = orjson.loads(proc.stdout)
@@ -263,15 +282,7 @@ def test_full_disk_leaves_no_partial_files(world: Path, small_disk: Path) -> Non
     }
     feed = (out / STATE_DIR / "changes.jsonl").read_bytes()
     assert feed.endswith(b"\n") and all(orjson.loads(line) for line in feed.splitlines())
-    # room again: the next run converges to what a clean run gives
-    resize(small_disk, 64 * 1024 * 1024)
-    time.sleep(0.01)
-    assert cli("ingest", str(corpus), "--out", str(out), "-q").returncode == 0
-    assert not run(corpus, clean).failures
-    got, want = files_of(out), files_of(clean)
-    assert got.keys() == want.keys()
-    for rel in got:
-        assert stable_view(orjson.loads(got[rel])) == stable_view(orjson.loads(want[rel])), rel
+    converges_with_room_again(small_disk, corpus, out, clean)
 
 
 def test_a_full_disk_on_a_fresh_output_leaves_no_part_of_a_document(world: Path, small_disk: Path) -> None:
@@ -279,12 +290,8 @@ def test_a_full_disk_on_a_fresh_output_leaves_no_part_of_a_document(world: Path,
     does not fit still leaves none of its files, and no temp file, behind."""
     corpus, out, clean = world / "corpus", small_disk / "out", world / "clean"
     corpus.mkdir()
-    for i in range(6):
-        (corpus / f"doc{i}.md").write_text(GOOD.replace("Good", f"Doc {i}"))
-    big = "\n\n".join(
-        f"## Part {n}\n\n" + f"Paragraph {n} with quite a few words in it. " * 40 for n in range(200)
-    )
-    (corpus / "victim.md").write_text("# Victim\n\n" + big)
+    small_documents(corpus)
+    (corpus / "victim.md").write_text(BIG_VICTIM)
     resize(small_disk, 512 * 1024)  # room for the small documents and the state, not the victim's 2 MB
     proc = cli("ingest", str(corpus), "--out", str(out), "--jobs", "1", "--json")
     summary = orjson.loads(proc.stdout)
@@ -296,14 +303,7 @@ def test_a_full_disk_on_a_fresh_output_leaves_no_part_of_a_document(world: Path,
     assert {k.split("__")[0] for k in got} == {f"doc_doc{i}" for i in range(6)}
     for data in got.values():
         orjson.loads(data)
-    resize(small_disk, 64 * 1024 * 1024)
-    time.sleep(0.01)
-    assert cli("ingest", str(corpus), "--out", str(out), "-q").returncode == 0
-    assert not run(corpus, clean).failures
-    got, want = files_of(out), files_of(clean)
-    assert got.keys() == want.keys()
-    for rel in got:
-        assert stable_view(orjson.loads(got[rel])) == stable_view(orjson.loads(want[rel])), rel
+    converges_with_room_again(small_disk, corpus, out, clean)
 
 
 def test_state_that_cannot_be_written_is_exit_2_and_repaired(

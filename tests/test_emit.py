@@ -65,6 +65,12 @@ def _umask() -> int:
 
 
 @needs_unnamed
+def test_a_document_with_nothing_to_write_proves_nothing(tmp_path: Path) -> None:
+    write_all_atomic([], new=True)
+    assert emit_mod._unnamed_proven is False  # a later failure still falls back to named temps
+
+
+@needs_unnamed
 def test_a_target_that_exists_after_all_is_replaced(tmp_path: Path) -> None:
     items = _items(tmp_path, 3)
     Path(items[1][0]).write_bytes(b"old")
