@@ -23,7 +23,7 @@ from .redirects import changes, collapse, match_by_hash
 from .state import (
     MANIFEST_FORMAT,
     STATE_DIR,
-    append_feed,
+    Feed,
     clear_inflight,
     clear_journals,
     event,
@@ -322,8 +322,9 @@ class Session:
         """Bring the output up to date: the whole corpus, or only ``paths`` (corpus-relative).
 
         A path that is no longer a document (deleted, renamed away, excluded) has its
-        chunk files removed. Chunk files are written first, stale ones removed next,
-        then the change feed, the redirect map, and the manifest last.
+        chunk files removed. Each document's chunk files are written first and its lines
+        of the change feed right after; stale files are removed next (and announced),
+        then the feed is made durable, the redirect map written, and the manifest last.
         """
         opts = self.opts
         run_id = new_run_id()
@@ -336,7 +337,21 @@ class Session:
             self.manifest.get("docs", {}),
             {},
             set(self.recovering),
+            Feed(opts.out),
         )
+        try:
+            return self._sync(run, paths, on_start, on_result)
+        finally:
+            run.feed.close()  # written and made durable by then, unless the sync stopped early
+
+    def _sync(
+        self,
+        run: _Run,
+        paths: Iterable[str] | None,
+        on_start: Callable[[int], None] | None,
+        on_result: Callable[[DocResult], None] | None,
+    ) -> Summary:
+        opts = self.opts
         summary, old_docs = run.summary, run.old_docs
         started = time.perf_counter()
         since = float(self.manifest.get("written_at_epoch", 0.0))
@@ -419,7 +434,7 @@ class Session:
                 "docs": new_docs,
             }
             try:
-                append_feed(opts.out, run.events)  # first: a run that dies after it says it again
+                run.feed.finish()  # first: a run that dies after it says it again
                 if redirects is not None:
                     save_redirects(opts.out, redirects)
                 save_manifest(opts.out, manifest)
@@ -496,10 +511,11 @@ class _Run:
     old_docs: dict[str, dict[str, Any]]
     new_docs: dict[str, dict[str, Any]]
     recovering: set[str]  #: documents whose files the manifest may not describe
-    #: change-feed lines, serialized as they come (while the workers still run), and joined
-    #: per document: 30 000 small ``orjson.dumps`` buffers would take ~4 KiB of heap each
-    events: list[bytes] = field(default_factory=list)
-    said: list[bytes] = field(default_factory=list)  #: lines not joined yet (``seal``)
+    #: the change feed: lines are serialized as they come (while the workers still run)
+    #: and written per document (``seal``), so the run holds none of them in memory
+    feed: Feed
+    said: list[bytes] = field(default_factory=list)  #: lines not written yet (``seal``)
+    events: int = 0  #: lines said in this sync
     fresh: dict[str, str] = field(default_factory=dict)  #: old chunk_id → new, found now
     how: dict[str, str] = field(default_factory=dict)  #: old chunk_id → how it was matched
     vanished: set[str] = field(default_factory=set)  #: documents some of whose old ids went
@@ -511,9 +527,10 @@ class _Run:
         self.said.append(orjson.dumps(event(kind, self.run_id, self.generation, ts=ts, **fields)))
 
     def seal(self) -> None:
-        """The lines said since the last ``seal``, as one block of the feed."""
+        """The lines said since the last ``seal``, appended to the feed as one block."""
         if self.said:
-            self.events.append(b"\n".join(self.said))
+            self.events += len(self.said)
+            self.feed.append(b"\n".join(self.said))
             self.said.clear()
 
 

@@ -7,7 +7,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -147,31 +147,68 @@ def new_run_id() -> str:
     return str(uuid.uuid4())
 
 
-def append_feed(out: Path, events: Sequence[bytes]) -> int:
-    """Append change events as JSON Lines; one write, then fsync.
+class Feed:
+    """The change feed of one sync, appended to as documents finish, made durable at the end.
 
-    ``events``: blocks of serialized events (``orjson.dumps(event(...))``), one or more
-    lines each, joined by newlines.
+    Each block (one document's lines, or the deletes, or the redirects) is written
+    as soon as it is sealed: its chunk files are already in place, so a loader that
+    tails the feed may take them at once, and the run holds none of its feed in
+    memory. A run that dies before its manifest is written says it all again (SPEC
+    §5: the next run announces what the manifest has not seen). ``finish`` makes the
+    lines durable (one ``fsync``) before the manifest may name them.
+
+    A write that fails (a full disk) is taken back whole, so a tailing loader never
+    sees half a line; the sync goes on without a feed, and ``finish`` raises the error.
     """
-    if not events:
-        return 0
-    lines = b"\n".join([*events, b""])  # the last line ends with a newline too
-    path = state_dir(out) / FEED
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        start = os.fstat(fd).st_size
+
+    __slots__ = ("_fd", "_size", "error", "lines", "out")
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._fd: int | None = None
+        self._size = 0  #: the feed's length after our last whole write
+        self.error: OSError | None = None
+        self.lines = 0  #: lines written by this sync
+
+    def append(self, block: bytes) -> None:
+        """One or more serialized events (``orjson.dumps(event(...))``), joined by newlines."""
+        if self.error is not None:
+            return
+        data = block + b"\n"  # the last line ends with a newline too
         try:
-            view = memoryview(lines)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except OSError:  # a full disk: never leave half a line for a tailing loader
-            os.ftruncate(fd, start)
-            raise
-    finally:
-        os.close(fd)
-    return lines.count(b"\n")
+            if self._fd is None:
+                path = state_dir(self.out) / FEED
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._size = os.fstat(self._fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            except OSError:  # never leave half a line for a tailing loader
+                os.ftruncate(self._fd, self._size)
+                raise
+        except OSError as exc:
+            self.error = exc
+            return
+        self._size += len(data)
+        self.lines += data.count(b"\n")
+
+    def finish(self) -> int:
+        """Make what was written durable; the number of lines. Raises the first write error."""
+        try:
+            if self.error is not None:
+                raise self.error
+            if self._fd is not None:
+                os.fsync(self._fd)
+            return self.lines
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
 
 def event(kind: str, run_id: str, generation: int, *, ts: str | None = None, **fields: Any) -> dict[str, Any]:

@@ -244,7 +244,7 @@ def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(
         raise KeyboardInterrupt  # stands for SIGKILL: nothing after this point runs
 
     monkeypatch.setattr(ingest_mod, "save_manifest", die)
-    monkeypatch.setattr(ingest_mod, "append_feed", die)
+    monkeypatch.setattr(ingest_mod.Feed, "finish", die)
     monkeypatch.setattr(ingest_mod, "save_redirects", die)
     with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
         s.sync()
