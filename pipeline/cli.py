@@ -167,10 +167,12 @@ def ingest_cmd(
 
     try:
         with progress:
-            summary = ingest(
+            summary = ingest(  # no progress shown (--quiet, --json, not a terminal): no calls per document
                 opts,
-                on_start=lambda n: progress.update(task, total=n),
-                on_result=lambda r: progress.update(task, advance=1, doc=r.rel_path[-40:]),
+                on_start=(lambda n: progress.update(task, total=n)) if show else None,
+                on_result=(lambda r: progress.update(task, advance=1, doc=r.rel_path[-40:]))
+                if show
+                else None,
                 on_wait=waiting,
             )
     except PipelineError as exc:
