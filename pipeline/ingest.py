@@ -578,24 +578,27 @@ def _record(result: DocResult, run: _Run) -> None:
     before = dict(zip(prev.get("files", ()), prev.get("chunk_ids", ()), strict=False))
     added = set(result.added)
     moved = added | set(result.changed)
-    ts = now_iso()  # one document's writes, one moment
+    # one document's writes, one moment: the envelope is built once, each line adds what moved
+    # (a dict spread keeps the envelope's key order; ``mem_hash`` keeps its place)
+    base = event("ingest.write", run.run_id, run.generation)
+    said, dumps, ids, chunk_ids, hashes = run.said, orjson.dumps, result.ids, result.chunk_ids, result.hashes
     for i, file in enumerate(result.files):
         if file not in moved:
             continue
-        extra = {}
-        if before.get(file, result.chunk_ids[i]) != result.chunk_ids[i]:
-            extra["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
-        run.say(
-            "ingest.write",
-            ts=ts,
-            file=file,
-            id=result.ids[i],
-            chunk_id=result.chunk_ids[i],
-            hash=result.hashes[i],
-            source=rel,
-            change="added" if file in added else "changed",
-            **extra,
-        )
+        chunk_id, digest = chunk_ids[i], hashes[i]
+        line = {
+            **base,
+            "mem_hash": digest,
+            "file": file,
+            "id": ids[i],
+            "chunk_id": chunk_id,
+            "hash": digest,
+            "source": rel,
+            "change": "added" if file in added else "changed",
+        }
+        if before.get(file, chunk_id) != chunk_id:
+            line["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
+        said.append(dumps(line))
     run.seal()
 
 
