@@ -13,7 +13,10 @@ one. Why so:
 So the parent only waits on pipes and process sentinels with a timeout: no signal
 handler of its own, and it works from any thread. Workers are forked once (after
 the tokenizer is loaded) and live as long as the ``Session``: the common path
-pays one pipe round trip per document, not a process start.
+pays one message each way per document, not a process start; a worker holds
+several documents in its pipe, and the parent, while every worker has work
+waiting, naps between two looks and takes the results that came meanwhile
+together (see ``GuardPool``).
 
 Memory: every worker caps its own address space (``RLIMIT_AS``) at what it had
 when it started plus ``memory_mb``. A document that needs more gets a
@@ -419,7 +422,7 @@ class GuardPool:
                     per_doc = (time.monotonic() - started) * len(busy) / answered
                     nap = min(self.NAP, per_doc * (min(len(w.queue) for w in busy) - 1) / 2)
                     if nap > 0.0005 and (wait_for is None or nap < wait_for):
-                        time.sleep(nap)
+                        self._nap(nap)
                         wait_for = None if wait_for is None else wait_for - nap
                 fired = watch.poll(None if wait_for is None else math.ceil(wait_for * 1000))
                 ended = {fd for fd, _ in fired}  # a sentinel that fires: that worker has exited
@@ -447,6 +450,10 @@ class GuardPool:
         finally:
             for worker in busy:  # abandoned mid-run (an error, Ctrl-C): stop what they do
                 worker.kill()
+
+    def _nap(self, seconds: float) -> None:
+        """A pause between two looks at the workers (a method of its own: tests watch it)."""
+        time.sleep(seconds)
 
     def _poll(self, worker: _Worker, now: float) -> list[tuple[int, DocResult]]:
         """The results the worker has sent (or its running job's failure); kills it at its deadline."""

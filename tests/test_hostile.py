@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -381,6 +382,85 @@ def test_a_job_too_big_to_send_ahead_waits_for_an_empty_pipe(tmp_path: Path) -> 
         pool.close()
     assert [r.rel_path for r in results] == [f"d{i}.md" for i in range(4)]
     assert all(r.error is None and r.files for r in results)
+
+
+def test_jobs_wait_in_a_pipe_only_within_its_byte_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job of an incremental run carries its document's old ids and digests (kilobytes):
+    what waits in a pipe is bounded by bytes, not only by count, or the parent could block
+    on a full pipe while the worker blocks sending its result."""
+    rels = [f"d{i:02d}.md" for i in range(12)]
+    corpus = _corpus(tmp_path / "c", dict.fromkeys(rels, GOOD))
+    counter("cl100k_base")
+    jobs = _jobs(corpus, tmp_path / "o", rels)
+    for job in jobs:  # ~6 KB each once pickled: two fit the 16 KiB budget, three do not
+        job.old_digests = tuple(f"{job.rel_path}-{n:012d}" for n in range(300))
+    size = len(pickle.dumps(jobs[0], pickle.HIGHEST_PROTOCOL))
+    pool = GuardPool(1, 30.0, 0)
+    assert 2 * size <= pool.AHEAD_BYTES < 3 * size
+    in_pipe: list[int] = []
+    real_send = pool._send
+
+    def send(worker: Any, index: int, job: Job) -> bool:
+        sent = real_send(worker, index, job)
+        in_pipe.append(sum(worker.sizes))
+        return sent
+
+    monkeypatch.setattr(pool, "_send", send)
+    try:
+        results = list(pool.run(jobs))
+    finally:
+        pool.close()
+    assert [r.rel_path for r in results] == rels
+    assert all(r.error is None and r.files for r in results)
+    assert max(in_pipe) == 2 * size  # two waited at once, never a third
+
+
+def test_the_parent_naps_while_every_worker_has_work_waiting(tmp_path: Path) -> None:
+    """Results gather while the parent sleeps (a wake-up per result costs both sides CPU);
+    a lone job, as a save in watch mode, never waits for a nap."""
+    rels = [f"d{i:02d}.md" for i in range(80)]
+    corpus = _corpus(tmp_path / "c", dict.fromkeys(rels, GOOD))
+    counter("cl100k_base")
+    pool = GuardPool(2, 30.0, 0)
+    naps: list[float] = []
+    real_nap = pool._nap
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        real_nap(seconds)
+
+    pool._nap = nap  # type: ignore[method-assign]
+    try:
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", rels)))
+        many = len(naps)
+        alone = list(pool.run(_jobs(corpus, tmp_path / "o2", ["d00.md"])))
+    finally:
+        pool.close()
+    assert [r.rel_path for r in results] == rels
+    assert all(r.error is None and r.files for r in results)
+    assert many and all(0 < s <= pool.NAP for s in naps)
+    assert alone[0].error is None and len(naps) == many
+
+
+def test_a_slow_document_among_many_is_stopped_on_time(tmp_path: Path) -> None:
+    """The parent naps while workers have work queued; a deadline still ends a slow document."""
+    rels = [f"d{i:02d}.md" for i in range(40)]
+    docs = dict.fromkeys(rels, GOOD) | {"slow.md": SLOW}
+    corpus = _corpus(tmp_path / "c", docs)
+    order = [*rels[:20], "slow.md", *rels[20:]]
+    counter("cl100k_base")
+    pool = GuardPool(2, 1.0, 0)
+    try:
+        started = time.perf_counter()
+        results = list(pool.run(_jobs(corpus, tmp_path / "o", order)))
+        took = time.perf_counter() - started
+    finally:
+        pool.close()
+    assert [r.rel_path for r in results] == order
+    slow = results[20]
+    assert slow.error and "took longer than 1 s" in slow.error
+    assert all(r.error is None and r.files for r in results if r is not slow)
+    assert took < 10
 
 
 def test_jobs_waiting_behind_a_crash_go_to_a_fresh_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
