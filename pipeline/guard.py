@@ -408,8 +408,10 @@ class GuardPool:
                     busy.append(worker)
                     for fd in worker.fds:
                         watch.register(fd, select.POLLIN)
+                # near the end, shorter queues: the last jobs go to whichever worker is free first
+                depth = min(self.QUEUE, 2 + len(pending) // len(busy)) if busy else self.QUEUE
                 for worker in busy:  # the next jobs wait in the pipe of a worker that has one
-                    while pending and len(worker.queue) < self.QUEUE and not worker.retiring:
+                    while pending and len(worker.queue) < depth and not worker.retiring:
                         try:
                             if not self._send(worker, *pending[0]):
                                 break  # it waits for room in the pipe
