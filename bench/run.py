@@ -204,8 +204,10 @@ def create_cost_us(scratch: Path, folders: int = 60, files: int = 10) -> float:
 
 #: ext4 without a journal does not reuse an inode freed less than this many seconds ago
 #: (``recently_deleted`` in fs/ext4/ialloc.c: 60 s, plus 300 s while the inode table
-#: block is dirty); it reads the inode of each one it steps over to find that out.
-RECENTLY_DELETED_S = 60.0
+#: block is dirty); it reads the inode of each one it steps over to find that out. The
+#: sync does not make 60 s enough here: a chunkyard run 2.7 min after 250 000 deletes
+#: (synced) spent 1.7-2.4 s of system time writing its files, against 0.64-0.71 s at 6.4 min.
+RECENTLY_DELETED_S = 360.0
 
 
 def wait_out_deletes() -> None:
@@ -213,7 +215,8 @@ def wait_out_deletes() -> None:
 
     Measured here, two workers that created chunk files 30 s after 250 000 files were
     deleted spent 4-5 s of system time in their ``write`` stage instead of ~1.4 s, while
-    the single-process ``create_cost_us`` probe already looked quiet.
+    the single-process ``create_cost_us`` probe already looked quiet; and one process,
+    2.7 minutes after, still 2-3x its system time (see ``RECENTLY_DELETED_S``).
     """
     deleted = time.monotonic()
     os.sync()
