@@ -59,21 +59,30 @@ def test_a_document_is_in_the_feed_before_the_run_ends(tmp_path: Path) -> None:
         assert orjson.loads((out / event["file"]).read_bytes())["chunk_id"] == event["chunk_id"]
 
 
+def full_disk_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    """Writes to the feed work ``writes`` times; then half a block gets in and the disk is full."""
+    real_write = os.write
+    calls = 0
+
+    def write(fd: int, data: Any) -> int:
+        nonlocal calls
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(FEED):
+            return real_write(fd, data)  # chunk files and the in-flight record: room enough
+        calls += 1
+        if calls <= writes:
+            return real_write(fd, data)
+        if calls == writes + 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_mod.os, "write", write)
+
+
 def test_a_feed_write_that_fails_is_taken_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Half a block reached the disk, then it was full: the feed is cut back to its last whole line."""
     feed = Feed(tmp_path)
     feed.append(b'{"a":1}\n{"a":2}')
-    real_write = os.write
-    calls = 0
-
-    def half_then_full(fd: int, data: Any) -> int:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return real_write(fd, bytes(data[: len(data) // 2]))
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(state_mod.os, "write", half_then_full)
+    full_disk_after(monkeypatch, 0)
     feed.append(b'{"b":1}\n{"b":2}\n{"b":3}')
     monkeypatch.undo()
     assert isinstance(feed.error, OSError) and feed.error.errno == errno.ENOSPC
@@ -88,17 +97,7 @@ def test_a_feed_that_cannot_be_written_is_exit_2_and_the_next_run_says_it_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     corpus, out = corpus_of(tmp_path, 3)
-    real_append = Feed.append
-    blocks = 0
-
-    def fails_second(self: Feed, block: bytes) -> None:
-        nonlocal blocks
-        blocks += 1
-        if blocks == 2:
-            self.error = OSError(errno.ENOSPC, "No space left on device")
-        real_append(self, block)
-
-    monkeypatch.setattr(Feed, "append", fails_second)
+    full_disk_after(monkeypatch, 1)  # the first document's lines, then half of the second's
     with Session(Options(corpus=corpus, out=out, jobs=1)) as session:
         summary = session.sync()
     monkeypatch.undo()
