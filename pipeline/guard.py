@@ -409,7 +409,7 @@ class GuardPool:
                     for fd in worker.fds:
                         watch.register(fd, select.POLLIN)
                 # near the end, shorter queues: the last jobs go to whichever worker is free first
-                depth = min(self.QUEUE, 2 + len(pending) // len(busy)) if busy else self.QUEUE
+                depth = min(self.QUEUE, 2 + len(pending) // len(busy))
                 for worker in busy:  # the next jobs wait in the pipe of a worker that has one
                     while pending and len(worker.queue) < depth and not worker.retiring:
                         try:

@@ -418,7 +418,7 @@ class Session:
         redirects = self._update_redirects(run)
         run.seal()
         dirty = (
-            run.events
+            run.feed.used
             or redirects is not None
             or new_docs.keys() != old_docs.keys()
             or any(new_docs[rel] is not old_docs.get(rel) for rel in new_docs)
@@ -515,7 +515,6 @@ class _Run:
     #: and written per document (``seal``), so the run holds none of them in memory
     feed: Feed
     said: list[bytes] = field(default_factory=list)  #: lines not written yet (``seal``)
-    events: int = 0  #: lines said in this sync
     fresh: dict[str, str] = field(default_factory=dict)  #: old chunk_id → new, found now
     how: dict[str, str] = field(default_factory=dict)  #: old chunk_id → how it was matched
     vanished: set[str] = field(default_factory=set)  #: documents some of whose old ids went
@@ -529,7 +528,6 @@ class _Run:
     def seal(self) -> None:
         """The lines said since the last ``seal``, appended to the feed as one block."""
         if self.said:
-            self.events += len(self.said)
             self.feed.append(b"\n".join(self.said))
             self.said.clear()
 

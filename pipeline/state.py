@@ -194,14 +194,18 @@ class Feed:
         self._size += len(data)
         self.lines += data.count(b"\n")
 
-    def finish(self) -> int:
-        """Make what was written durable; the number of lines. Raises the first write error."""
+    @property
+    def used(self) -> bool:
+        """Whether this sync had something to say (written, or lost to a write error)."""
+        return bool(self.lines) or self.error is not None
+
+    def finish(self) -> None:
+        """Make what was written durable. Raises the first write error."""
         try:
             if self.error is not None:
                 raise self.error
             if self._fd is not None:
                 os.fsync(self._fd)
-            return self.lines
         finally:
             self.close()
 
