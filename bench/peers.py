@@ -43,7 +43,7 @@ def _mistletoe(target: int) -> Callable[[str], int]:
 
 
 def _encoding() -> object:
-    from pipeline.tokens import get_encoding  # tiktoken's cl100k, vocabulary read offline
+    from pipeline.stages.tokens import get_encoding  # tiktoken's cl100k, vocabulary read offline
 
     return get_encoding("cl100k_base")
 

@@ -60,7 +60,7 @@ RSS_GOAL_MB = 500.0
 def documents(root: Path, names: list[str]) -> list[Path]:
     """Every ``*.md`` / ``*.markdown`` of the chosen corpora, as chunkyard discovers them."""
     sys.path.insert(0, str(REPO))
-    from pipeline.discover import discover
+    from pipeline.run.discover import discover
 
     files: list[Path] = []
     for name in names:

@@ -44,8 +44,8 @@ REPO = HERE.parent
 CORPORA = REPO.parent / "shared" / "corpora"
 sys.path.insert(0, str(REPO))
 
-from pipeline.ingest import Options, Session
-from pipeline.watch import SyncReport, Watcher
+from pipeline.run.ingest import Options, Session
+from pipeline.run.watch import SyncReport, Watcher
 
 MARKERS = 5
 WARMUP = 3

@@ -1,4 +1,5 @@
 """chunkyard: Markdown → one validated JSON file per chunk, for retrieval-augmented generation."""
 
-__version__ = "0.1.0"
+from pipeline._version import __version__
+
 __all__ = ("__version__",)

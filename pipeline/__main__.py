@@ -1,5 +1,5 @@
 """``python -m pipeline``: the same as the ``chunkyard`` command."""
 
-from .cli import run
+from pipeline.cli.app import run
 
 run()

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pipeline.models import Chunk, Policy, SourceDoc
-from pipeline.parse import parse
 from pipeline.runner import chunk_document, counter
-from pipeline.tokens import get_encoding
+from pipeline.stages.parse import parse
+from pipeline.stages.tokens import get_encoding
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -16,13 +16,13 @@ import orjson
 import pytest
 from conftest import NOBODY, as_nobody
 
-import pipeline.ingest as ingest_mod
-import pipeline.runner  # noqa: F401 - loaded before any test drops privileges
-from pipeline.emit import stable_view
+import pipeline.run.ingest as ingest_mod
+import pipeline.run.worker  # noqa: F401 - loaded before any test drops privileges
 from pipeline.errors import StageError
-from pipeline.ingest import Options, Summary, ingest
+from pipeline.run.emit import stable_view
+from pipeline.run.ingest import Options, Summary, ingest
+from pipeline.run.state import MANIFEST, STATE_DIR
 from pipeline.runner import counter
-from pipeline.state import MANIFEST, STATE_DIR
 
 GOOD = "# Good\n\nA perfectly fine document.\n\n## Part\n\nWith two sections and some words.\n"
 VICTIM = "# Victim\n\nThis document will be broken later.\n\n## Part\n\nIts chunks must survive that.\n"
@@ -98,7 +98,7 @@ def test_a_file_read_in_full_whatever_its_stat_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stat_says: int, limit: int
 ) -> None:
     """The read is sized by fstat; a file that grew since is read on, and never past the limit."""
-    from pipeline.normalize import read_source
+    from pipeline.stages.normalize import read_source
 
     data = b"# Grew\n\n" + b"word " * 400  # 2,008 bytes
     path = tmp_path / "grew.md"

@@ -13,11 +13,11 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.chunkstore import open_store
-from pipeline.citations import CODES, LOADER_SIDE, REQUIRED, SCHEMA_PATH, check_answer
-from pipeline.cli import app
-from pipeline.ingest import Options, ingest
-from pipeline.resolve import resolve
+from pipeline.audit.citations import CODES, LOADER_SIDE, REQUIRED, SCHEMA_PATH, check_answer
+from pipeline.audit.resolve import resolve
+from pipeline.audit.store import open_store
+from pipeline.cli.app import app
+from pipeline.run.ingest import Options, ingest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEEP = "guides/deep-dive.md"

@@ -15,7 +15,7 @@ import typer
 from conftest import ROOT, SCHEMA, stable, stable_bytes
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.app import app
 
 GOOD = "# Title\n\nSome text.\n\n## Part\n\nMore text, with `code`.\n"
 runner = CliRunner()

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from conftest import CORPORA, load_checker, schema_errors
 
-from pipeline.ingest import Options, Summary, ingest
 from pipeline.models import Policy
+from pipeline.run.ingest import Options, Summary, ingest
 
 pytestmark = pytest.mark.corpora
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import orjson
 
-from pipeline.emit import stable_view
-from pipeline.ingest import Options, ingest
-from pipeline.state import FEED, INFLIGHT, JOURNAL, MANIFEST, REDIRECTS, STATE_DIR
+from pipeline.run.emit import stable_view
+from pipeline.run.ingest import Options, ingest
+from pipeline.run.state import FEED, INFLIGHT, JOURNAL, MANIFEST, REDIRECTS, STATE_DIR
 
 KILLS = 30
 SOURCE = Path("/work/shared/corpora/rust-book/src")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import pipeline.emit as emit_mod
-from pipeline.emit import write_all_atomic
+import pipeline.run.emit as emit_mod
+from pipeline.run.emit import write_all_atomic
 
 needs_unnamed = pytest.mark.skipif(not emit_mod._unnamed_usable, reason="no O_TMPFILE here (Linux only)")
 

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 import pytest
 
-import pipeline.state as state_mod
-from pipeline.ingest import Options, Session
-from pipeline.runner import DocResult
-from pipeline.state import FEED, MANIFEST, STATE_DIR, Feed
+import pipeline.run.state as state_mod
+from pipeline.run.ingest import Options, Session
+from pipeline.run.state import FEED, MANIFEST, STATE_DIR, Feed
+from pipeline.run.worker import DocResult
 
 DOC = "# Title {n}\n\nSome words about {n}.\n\n## Part\n\nMore words about part {n}.\n"
 

@@ -28,14 +28,15 @@ import pytest
 from conftest import CHECKER, SCHEMA, Chunked, as_nobody, invariant_errors, load_checker
 from make_hostile_corpus import LONG_STEM, Case, make_hostile_corpus
 
-import pipeline.guard as guard_mod
-import pipeline.runner as runner_mod
-from pipeline.guard import GuardPool
-from pipeline.ingest import Options, Session, ingest
+import pipeline.run.pool as guard_mod
+import pipeline.run.worker as runner_mod
 from pipeline.models import Chunk, Policy
-from pipeline.normalize import normalize
-from pipeline.runner import DocResult, Job, chunk_document, counter
-from pipeline.state import MANIFEST, STATE_DIR
+from pipeline.run.ingest import Options, Session, ingest
+from pipeline.run.pool import GuardPool
+from pipeline.run.state import MANIFEST, STATE_DIR
+from pipeline.run.worker import DocResult, Job
+from pipeline.runner import chunk_document, counter
+from pipeline.stages.normalize import normalize
 
 DOC_TIMEOUT = 8  # seconds; the slow documents take minutes, the good ones under 3 s here
 RUN_LIMIT = 60.0  # seconds for the whole hostile run (issue 7)
@@ -493,9 +494,10 @@ def test_workers_exit_when_their_parent_dies(tmp_path: Path) -> None:
     script = f"""
 import os, sys, threading, time
 from pathlib import Path
-from pipeline.guard import GuardPool
+from pipeline.run.pool import GuardPool
 from pipeline.models import Policy
-from pipeline.runner import Job, counter
+from pipeline.run.worker import Job
+from pipeline.runner import counter
 counter("cl100k_base")
 pool = GuardPool(1, 600.0, 0)
 job = Job({str(tmp_path / "c" / "slow.md")!r}, "slow.md", {str(tmp_path / "o")!r}, Policy(), "2026-01-01T00:00:00Z")
@@ -603,8 +605,8 @@ def test_link_reference_definitions_are_linear_and_unchanged() -> None:
     """mdlimits' ``Footnote.read``: mistletoe's result, without its quadratic slicing."""
     from mistletoe import block_token
 
-    from pipeline.mdlimits import _read_definitions
-    from pipeline.parse import _mistletoe
+    from pipeline.stages.mdlimits import _read_definitions
+    from pipeline.stages.parse import _mistletoe
 
     texts = [
         "[a]: /u\n[b]: /v 'title'\n[c]:\n  /w\n  \"t\"\n\npara\n",
@@ -689,8 +691,8 @@ def test_a_parse_that_fails_inside_a_quote_leaves_no_state_behind(monkeypatch: p
     lives on after a document fails) must not turn them off for every later document."""
     from mistletoe import block_token
 
-    from pipeline.normalize import normalize as norm
-    from pipeline.parse import _mistletoe, parse
+    from pipeline.stages.normalize import normalize as norm
+    from pipeline.stages.parse import _mistletoe, parse
 
     real = block_token.Paragraph.read.__func__  # type: ignore[attr-defined]
 

@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.emit import stable_view
-from pipeline.ingest import Options, Session, Summary, ingest
 from pipeline.models import Policy
-from pipeline.state import FEED, INFLIGHT, MANIFEST, STATE_DIR
+from pipeline.run.emit import stable_view
+from pipeline.run.ingest import Options, Session, Summary, ingest
+from pipeline.run.state import FEED, INFLIGHT, MANIFEST, STATE_DIR
 
 POLICY = Policy(target_tokens=64, overlap_tokens=8)
 
@@ -287,7 +287,7 @@ def test_lazy_imports_on_an_unchanged_run(built: tuple[Path, Path]) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
-    assert not {"mistletoe", "jsonschema", "tiktoken", "pipeline.runner"} & loaded
+    assert not {"mistletoe", "jsonschema", "tiktoken", "pipeline.runner", "pipeline.run.worker"} & loaded
 
 
 # ---------------------------------------------------------------- one writer
@@ -295,7 +295,7 @@ def test_lazy_imports_on_an_unchanged_run(built: tuple[Path, Path]) -> None:
 HOLDER = """
 import sys, time
 from pathlib import Path
-from pipeline.ingest import Options, Session
+from pipeline.run.ingest import Options, Session
 with Session(Options(corpus=Path(sys.argv[1]), out=Path(sys.argv[2]))):
     print("held", flush=True)
     time.sleep(120)
@@ -397,12 +397,12 @@ def test_a_first_run_into_an_empty_folder_never_looks_for_old_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nothing can be there yet: no chunk file is looked up before it is written (make bench)."""
-    import pipeline.runner
+    import pipeline.run.worker
 
     def looked(*_a: object) -> bool:
         raise AssertionError("looked for an old chunk file")
 
-    monkeypatch.setattr(pipeline.runner, "unchanged", looked)  # the workers fork with it
+    monkeypatch.setattr(pipeline.run.worker, "unchanged", looked)  # the workers fork with it
     corpus = make_corpus(tmp_path)
     out = tmp_path / "out"
     (out / STATE_DIR).mkdir(parents=True)  # a state folder alone is still an empty output

@@ -22,7 +22,7 @@ import pytest
 from conftest import chunk_md, invariant_errors, stable
 
 from pipeline.models import Policy
-from pipeline.tokens import Counter
+from pipeline.stages.tokens import Counter
 
 COUNT = Counter("cl100k_base").count
 WORDS = [

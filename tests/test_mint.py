@@ -11,8 +11,8 @@ from conftest import chunk_md
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.mint import anchor, chunk_file, chunk_files, policy_hash
 from pipeline.models import Policy
+from pipeline.stages.mint import anchor, chunk_file, chunk_files, policy_hash
 
 DOC = """# Guide
 

@@ -16,9 +16,9 @@ import orjson
 import pytest
 from conftest import SAMPLE_CORPUS, stable_bytes
 
-from pipeline.ingest import Options, ingest
 from pipeline.models import Policy
-from pipeline.runner import Job, process_document
+from pipeline.run.ingest import Options, ingest
+from pipeline.run.worker import Job, process_document
 
 #: Manifest fields that must not depend on the number of workers.
 DOC_KEYS = ("source_hash", "size", "files", "ids", "chunk_ids", "hashes", "tokens", "uid_rev")

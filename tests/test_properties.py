@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from pipeline.errors import StageError
 from pipeline.models import Policy
-from pipeline.normalize import decode
 from pipeline.runner import chunk_document
+from pipeline.stages.normalize import decode
 
 WORDS = [
     "chunk", "token", "budget", "heading", "section", "overlap", "the", "a", "of", "and", "to",

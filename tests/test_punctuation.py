@@ -1,4 +1,4 @@
-"""mistletoe imported through ``pipeline.punctuation`` ends with the set it builds itself."""
+"""mistletoe imported through ``pipeline.stages.punctuation`` ends with the set it builds itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from pipeline import punctuation
+from pipeline.stages import punctuation
 
 ASCII = set("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 
@@ -29,7 +29,7 @@ def test_the_table_row_for_this_python_is_mistletoes_set() -> None:
 def test_mistletoe_ends_with_its_full_set_and_sys_is_left_as_it_was() -> None:
     from mistletoe import core_tokens
 
-    import pipeline.parse  # noqa: F401 - imports mistletoe through punctuation.import_mistletoe
+    import pipeline.stages.parse  # noqa: F401 - imports mistletoe through punctuation.import_mistletoe
 
     assert sys.maxunicode == 0x10FFFF
     assert core_tokens.punctuation == mistletoes_own()
@@ -40,7 +40,7 @@ def test_mistletoe_ends_with_its_full_set_and_sys_is_left_as_it_was() -> None:
 def test_a_fresh_process_imports_mistletoe_fast_and_whole() -> None:
     code = (
         "import sys, time; t = time.perf_counter();"
-        "import pipeline.parse; from mistletoe import core_tokens as c;"
+        "import pipeline.stages.parse; from mistletoe import core_tokens as c;"
         "print(len(c.punctuation), sys.maxunicode, 'mistletoe.core_tokens' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -57,7 +57,7 @@ def test_ranges_round_trip(chars: set[str], ranges: str) -> None:
 
 
 def test_an_emphasis_flanked_by_unicode_punctuation_parses_as_mistletoe_says() -> None:
-    from pipeline.parse import heading_title
+    from pipeline.stages.parse import heading_title
 
     class Tok:  # a heading token as mistletoe leaves it: raw text children
         def __init__(self) -> None:

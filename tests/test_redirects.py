@@ -12,11 +12,11 @@ import orjson
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.ingest import Options, Session, ingest
-from pipeline.normalize import normalize
-from pipeline.parse import parse
-from pipeline.redirects import Chunklet, collapse, match, match_by_hash, place
-from pipeline.state import FEED, REDIRECTS, STATE_DIR
+from pipeline.run.ingest import Options, Session, ingest
+from pipeline.run.redirects import Chunklet, collapse, match, match_by_hash, place
+from pipeline.run.state import FEED, REDIRECTS, STATE_DIR
+from pipeline.stages.normalize import normalize
+from pipeline.stages.parse import parse
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 if not CORPORA.is_dir():
@@ -238,7 +238,7 @@ def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(
     doc.write_text(edited)
     run(corpus, clean)
 
-    import pipeline.ingest as ingest_mod
+    import pipeline.run.ingest as ingest_mod
 
     def die(*_a: Any, **_k: Any) -> None:
         raise KeyboardInterrupt  # stands for SIGKILL: nothing after this point runs

@@ -10,10 +10,10 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.chunkstore import open_store
-from pipeline.cli import app
-from pipeline.ingest import Options, ingest
-from pipeline.resolve import UnknownIdError, find, resolve
+from pipeline.audit.resolve import UnknownIdError, find, resolve
+from pipeline.audit.store import open_store
+from pipeline.cli.app import app
+from pipeline.run.ingest import Options, ingest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "corpora"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from conftest import SAMPLE_CORPUS, SCHEMA, TESTS, check_golden, chunk_md, invariant_errors, stable
 
-from pipeline.ingest import Options, ingest
 from pipeline.models import Policy
+from pipeline.run.ingest import Options, ingest
 
 GOLDEN = TESTS / "golden" / "sample-corpus.golden.json"
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.tokens import TOKENIZERS, Counter, get_encoding
+from pipeline.stages.tokens import TOKENIZERS, Counter, get_encoding
 
 ALPHABET = [
     *"aZé9 \t\n\n\n./'s|`#-*>)…",

@@ -12,10 +12,10 @@ import pytest
 from blake3 import blake3
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.audit.validate import CODES, Report, validate
+from pipeline.cli.app import app
 from pipeline.errors import UsageError
-from pipeline.ingest import Options, ingest
-from pipeline.validate import CODES, Report, validate
+from pipeline.run.ingest import Options, ingest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "corpora"

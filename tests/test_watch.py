@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.emit import stable_view
 from pipeline.errors import UsageError
-from pipeline.ingest import Options, ingest
 from pipeline.models import Policy
-from pipeline.state import FEED, STATE_DIR
-from pipeline.watch import SyncReport, Watcher, is_editor_temp
+from pipeline.run.emit import stable_view
+from pipeline.run.ingest import Options, ingest
+from pipeline.run.state import FEED, STATE_DIR
+from pipeline.run.watch import SyncReport, Watcher, is_editor_temp
 
 # watchdog warns when a folder moved out and back in keeps its inotify watch
 pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")

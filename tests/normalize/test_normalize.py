@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import StageError
-from pipeline.normalize import decode, front_matter_end, normalize, read_source
+from pipeline.stages.normalize import decode, front_matter_end, normalize, read_source
 
 CASES = sorted(Path(__file__).parent.joinpath("cases").glob("*.md"))
 

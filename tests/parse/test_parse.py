@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pipeline.models import Block, SourceDoc
-from pipeline.normalize import normalize
-from pipeline.parse import Lines, parse
+from pipeline.stages.normalize import normalize
+from pipeline.stages.parse import Lines, parse
 
 CASES = sorted(Path(__file__).parent.joinpath("cases").glob("*.md"))
 

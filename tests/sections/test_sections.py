@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from pipeline.models import SourceDoc
-from pipeline.normalize import normalize
-from pipeline.parse import parse
-from pipeline.sections import Slugger, build_sections, file_title, outline, slugify
+from pipeline.stages.normalize import normalize
+from pipeline.stages.parse import parse
+from pipeline.stages.sections import Slugger, build_sections, file_title, outline, slugify
 
 CASES = sorted(Path(__file__).parent.joinpath("cases").glob("*.md"))
 

@@ -10,7 +10,7 @@ by ``sys.maxunicode``), then fills the very same set object in from the table, s
 mistletoe ends with the set it would have built. A version not in the table (a
 newer Python) takes mistletoe's own path, as slow as before and as right.
 
-``python -m pipeline.punctuation`` prints what the running Python's Unicode adds to the
+``python -m pipeline.stages.punctuation`` prints what the running Python's Unicode adds to the
 newest older version in the table (its ``_ADDED`` entry);
 ``tests/test_punctuation.py`` checks the row against mistletoe's own computation.
 """

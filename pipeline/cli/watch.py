@@ -15,8 +15,8 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
-from .ingest import Options
-from .watch import DEFAULT_DEBOUNCE, SyncReport, Watcher
+from pipeline.run.ingest import Options
+from pipeline.run.watch import DEFAULT_DEBOUNCE, SyncReport, Watcher
 
 
 class Printer:

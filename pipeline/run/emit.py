@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import xxhash
 
-from .errors import SchemaError
+from pipeline.errors import SchemaError
 
 if TYPE_CHECKING:  # jsonschema takes ~0.15 s to import: only a run that writes needs it
     import jsonschema
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "chunk.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "chunk.schema.json"
 _PACKAGED_SCHEMA = Path(__file__).resolve().parent / "chunk.schema.json"
 
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from blake3 import blake3
 
-from .models import Chunk, Draft, Policy, SourceDoc
-from .tokens import estimate_tokens
+from pipeline.models import Chunk, Draft, Policy, SourceDoc
+from pipeline.stages.tokens import estimate_tokens
 
 if TYPE_CHECKING:
-    from .parse import Lines
+    from pipeline.stages.parse import Lines
 
 CHUNKER_VERSION = "md-heading-v1"
 SCHEMA_VERSION = "1.0.0"
@@ -137,7 +137,9 @@ def mint(
     analyzer = "verbatim+context-prefix" if policy.context_prefix else "verbatim"
     total = len(drafts)
     if lines is None:
-        from .parse import Lines  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
+        from pipeline.stages.parse import (
+            Lines,  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
+        )
 
         lines = Lines(doc.text)
     chunks = []

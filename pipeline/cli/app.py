@@ -14,13 +14,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from . import __version__
-from .errors import PipelineError
-from .guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
-from .ingest import Options, Summary, ingest
-from .models import Policy
-from .normalize import DEFAULT_MAX_BYTES
-from .tokens import TOKENIZERS
+from pipeline._version import __version__
+from pipeline.errors import PipelineError
+from pipeline.models import Policy
+from pipeline.run.ingest import Options, Summary, ingest
+from pipeline.run.pool import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
+from pipeline.stages.normalize import DEFAULT_MAX_BYTES
+from pipeline.stages.tokens import TOKENIZERS
 
 app = typer.Typer(
     name="chunkyard",
@@ -246,7 +246,7 @@ def watch_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON line per event on stdout.")] = False,
 ) -> None:
     """Sync once like ingest, then re-chunk each document as it is saved (Ctrl-C stops)."""
-    from .watchui import serve  # watchdog is only imported by this command
+    from pipeline.cli.watch import serve  # watchdog is only imported by this command
 
     opts = Options(
         corpus=resolve_corpus(corpus, corpus_opt),
@@ -336,8 +336,8 @@ def validate_cmd(
     Schema, unique ids, chunk_id order, originalText vs the source slice, line spans,
     prev/next chains, stale and missing files, hash and rev, manifest agreement.
     """
-    from .audit_report import render_validate
-    from .validate import validate
+    from pipeline.audit.validate import validate
+    from pipeline.cli.render import render_validate
 
     show = not quiet and not json_out and err.is_terminal
     progress = Progress(
@@ -390,9 +390,9 @@ def resolve_cmd(
     """Show the exact source span behind a chunk address, with line numbers and context."""
     from rich.text import Text
 
-    from .audit_report import render_resolved
-    from .chunkstore import open_store
-    from .resolve import UnknownIdError, resolve
+    from pipeline.audit.resolve import UnknownIdError, resolve
+    from pipeline.audit.store import open_store
+    from pipeline.cli.render import render_resolved
 
     try:
         store = open_store(out, corpus)
@@ -443,9 +443,9 @@ def check_citations_cmd(
     Required per citation: snippet_id (a chunk_id), section_id, source_url, offsets{start,end,unit:"char"},
     tokens, rev, analyzer. index_hash, embed_model and scores are the loader's to check.
     """
-    from .audit_report import render_citations
-    from .chunkstore import open_store
-    from .citations import check_answer, load_answer
+    from pipeline.audit.citations import check_answer, load_answer
+    from pipeline.audit.store import open_store
+    from pipeline.cli.render import render_citations
 
     try:
         store = open_store(out)

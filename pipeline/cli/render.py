@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .citations import CODES as CITATION_CODES
-from .citations import CitationReport
-from .resolve import Resolved
-from .validate import CODES as VALIDATE_CODES
-from .validate import Problem, Report
+from pipeline.audit.citations import CODES as CITATION_CODES
+from pipeline.audit.citations import CitationReport
+from pipeline.audit.resolve import Resolved
+from pipeline.audit.validate import CODES as VALIDATE_CODES
+from pipeline.audit.validate import Problem, Report
 
 EXAMPLES_PER_CODE = 3
 

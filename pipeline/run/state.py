@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 import xxhash
 
-from .emit import write_atomic
-from .errors import UsageError
-from .mint import SCHEMA_VERSION
+from pipeline.errors import UsageError
+from pipeline.run.emit import write_atomic
+from pipeline.stages.mint import SCHEMA_VERSION
 
 STATE_DIR = ".chunkyard"
 MANIFEST = "manifest.json"

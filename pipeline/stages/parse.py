@@ -16,16 +16,16 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
-from .punctuation import import_mistletoe
+from pipeline.stages.punctuation import import_mistletoe
 
 import_mistletoe()  # first: mistletoe's own import spends 0.3 s on a table we ship (punctuation.py)
 
 from mistletoe import block_token, span_token, span_tokenizer
 from mistletoe.block_token import Document
 
-from . import mdlimits
-from .errors import StageError
-from .models import Block, BlockKind, SourceDoc
+from pipeline.errors import StageError
+from pipeline.models import Block, BlockKind, SourceDoc
+from pipeline.stages import mdlimits
 
 
 class HtmlBlock(block_token.HtmlBlock):

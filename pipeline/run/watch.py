@@ -58,9 +58,9 @@ from watchdog.events import (
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
-from .discover import SKIP_DIRS, discover, excluded, find_one, is_document
-from .ingest import Options, Session, Summary
-from .runner import DocResult
+from pipeline.run.discover import SKIP_DIRS, discover, excluded, find_one, is_document
+from pipeline.run.ingest import Options, Session, Summary
+from pipeline.run.worker import DocResult
 
 DEFAULT_DEBOUNCE = 0.05
 #: A path that never goes quiet (a writer streaming into it) is synced at least this often.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 
-from .models import ATOMIC_KINDS, Block, BlockKind, ChunkType, Draft, Piece, Policy, Section
-from .tokens import Counter
+from pipeline.models import ATOMIC_KINDS, Block, BlockKind, ChunkType, Draft, Piece, Policy, Section
+from pipeline.stages.tokens import Counter
 
 #: How piece kinds show in ``block_type``.
 _OUTPUT_KIND: dict[str, ChunkType] = {

@@ -60,7 +60,7 @@ import re
 import threading
 from typing import Any
 
-from .punctuation import import_mistletoe
+from pipeline.stages.punctuation import import_mistletoe
 
 import_mistletoe()  # before mistletoe's own import: see punctuation.py
 

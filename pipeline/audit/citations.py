@@ -17,11 +17,11 @@ from typing import Any
 
 import jsonschema
 
-from .chunkstore import ChunkStore, uid_of
-from .errors import PipelineError, UsageError
-from .resolve import suggest
+from pipeline.audit.resolve import suggest
+from pipeline.audit.store import ChunkStore, uid_of
+from pipeline.errors import PipelineError, UsageError
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "answer.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "answer.schema.json"
 _PACKAGED_SCHEMA = Path(__file__).resolve().parent / "answer.schema.json"
 #: 001's payload fields the chunk store verifies; a citation without one fails ``missing_<field>``.
 REQUIRED = ("snippet_id", "section_id", "source_url", "offsets", "tokens", "rev", "analyzer")

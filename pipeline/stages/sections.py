@@ -6,7 +6,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-from .models import Block, Section, SourceDoc
+from pipeline.models import Block, Section, SourceDoc
 
 #: Unicode categories github-slugger keeps: letters, marks, numbers, connector punctuation.
 _SLUG_KEEP = ("L", "M", "N", "Pc")

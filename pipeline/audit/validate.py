@@ -21,15 +21,15 @@ import orjson
 import xxhash
 from blake3 import blake3
 
-from .chunkstore import ChunkStore, doc_name_of, open_store
-from .discover import discover, walk
-from .emit import fast_validator, stable_view, validator
-from .errors import PipelineError
-from .mint import chunk_file, policy_hash, text_rev
-from .models import Policy, SourceDoc
-from .normalize import normalize
-from .parse import Lines
-from .state import INFLIGHT, MANIFEST, REDIRECTS, STATE_DIR
+from pipeline.audit.store import ChunkStore, doc_name_of, open_store
+from pipeline.errors import PipelineError
+from pipeline.models import Policy, SourceDoc
+from pipeline.run.discover import discover, walk
+from pipeline.run.emit import fast_validator, stable_view, validator
+from pipeline.run.state import INFLIGHT, MANIFEST, REDIRECTS, STATE_DIR
+from pipeline.stages.mint import chunk_file, policy_hash, text_rev
+from pipeline.stages.normalize import normalize
+from pipeline.stages.parse import Lines
 
 MANIFEST_FILE = f"{STATE_DIR}/{MANIFEST}"
 REDIRECTS_FILE = f"{STATE_DIR}/{REDIRECTS}"
@@ -493,7 +493,7 @@ class _DocCheck:
 
     def check_reingest(self, raw: bytes, policy: dict[str, Any]) -> None:
         """Re-chunk the unchanged source in memory: the same files, chunk_ids and records (000)."""
-        from .runner import chunk_document  # the splitter and tokenizer, only for --reingest
+        from pipeline.runner import chunk_document  # the splitter and tokenizer, only for --reingest
 
         try:
             _, chunks = chunk_document(
@@ -589,7 +589,7 @@ def validate(
     ]
     fast_validator()  # compile the schema once, before any fork
     if reingest:
-        from .runner import counter
+        from pipeline.runner import counter
 
         counter(str(manifest_policy.get("tokenizer")))  # load the vocabulary once, before any fork
     if on_start is not None:

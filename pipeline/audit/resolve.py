@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .chunkstore import ChunkStore, Location, doc_name_of, uid_of
-from .errors import PipelineError
-from .parse import Lines
+from pipeline.audit.store import ChunkStore, Location, doc_name_of, uid_of
+from pipeline.errors import PipelineError
+from pipeline.stages.parse import Lines
 
 #: A redirect map is collapsed by ingest; a longer walk than this is a loop.
 MAX_HOPS = 16

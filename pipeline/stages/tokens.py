@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING
 
-from .errors import UsageError
+from pipeline.errors import UsageError
 
 if TYPE_CHECKING:  # loaded with the first count: a run with nothing to chunk never needs it
     import tiktoken

@@ -58,12 +58,12 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from .errors import StageError
+from pipeline.errors import StageError
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from .runner import DocResult, Job
+    from pipeline.run.worker import DocResult, Job
 
 #: Seconds a document may take before it is stopped (``--doc-timeout``; 0 = no limit).
 DEFAULT_DOC_TIMEOUT = 30.0
@@ -214,7 +214,7 @@ def _tune_gc() -> None:
 
 def _serve(conn: Connection, parent: int, memory_mb: int, board: mmap.mmap) -> None:
     """Worker loop: a ``Job`` in, a ``DocResult`` out, until the pipe closes."""
-    from .runner import DocResult, process_document
+    from pipeline.run.worker import DocResult, process_document
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _tune_gc()
@@ -459,7 +459,7 @@ class GuardPool:
 
     def _poll(self, worker: _Worker, now: float) -> list[tuple[int, DocResult]]:
         """The results the worker has sent (or its running job's failure); kills it at its deadline."""
-        from .runner import DocResult
+        from pipeline.run.worker import DocResult
 
         out: list[tuple[int, DocResult]] = []
         try:

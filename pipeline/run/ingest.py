@@ -12,15 +12,13 @@ from typing import TYPE_CHECKING, Any, Self
 import orjson
 import xxhash
 
-from . import __version__
-from .discover import Found, discover, find_one, walk
-from .errors import UsageError
-from .guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
-from .mint import policy_hash
-from .models import Policy
-from .normalize import DEFAULT_MAX_BYTES
-from .redirects import changes, collapse, match_by_hash
-from .state import (
+from pipeline._version import __version__
+from pipeline.errors import UsageError
+from pipeline.models import Policy
+from pipeline.run.discover import Found, discover, find_one, walk
+from pipeline.run.pool import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
+from pipeline.run.redirects import changes, collapse, match_by_hash
+from pipeline.run.state import (
     MANIFEST_FORMAT,
     STATE_DIR,
     Feed,
@@ -37,10 +35,12 @@ from .state import (
     save_manifest,
     save_redirects,
 )
+from pipeline.stages.mint import policy_hash
+from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
 if TYPE_CHECKING:  # the runner pulls in mistletoe and the schema: only a run with work to do loads it
-    from .guard import GuardPool
-    from .runner import DocResult, Job
+    from pipeline.run.pool import GuardPool
+    from pipeline.run.worker import DocResult, Job
 
 #: A file modified this close to the last manifest write is hashed, not trusted by its stat.
 _RACY_SECONDS = 2.0
@@ -187,7 +187,7 @@ def _drop_name_clashes(found: list[Found], others: dict[str, Any], summary: Summ
 def _results(jobs: list[Job], workers: int) -> Iterator[DocResult]:
     if not jobs:
         return
-    from .runner import process_document
+    from pipeline.run.worker import process_document
 
     if workers <= 1 or len(jobs) <= 1:
         yield from map(process_document, jobs)
@@ -279,7 +279,7 @@ class Session:
         if opts.doc_timeout <= 0 and opts.doc_memory_mb <= 0:
             return _results(jobs, opts.jobs)
         if self._pool is None:
-            from .guard import GuardPool
+            from pipeline.run.pool import GuardPool
 
             self._pool = GuardPool(opts.jobs, opts.doc_timeout, opts.doc_memory_mb)
         return self._pool.run(jobs)
@@ -294,7 +294,7 @@ class Session:
     def _job(
         self, f: Found, entry: dict[str, Any] | None, processed_at: str, trusted: bool, fresh: bool = False
     ) -> Job:
-        from .runner import Job
+        from pipeline.run.worker import Job
 
         entry = entry or {}
         return Job(
@@ -398,7 +398,7 @@ class Session:
         if on_start is not None:
             on_start(len(jobs))
         if jobs:
-            from .runner import counter
+            from pipeline.runner import counter
 
             counter(opts.policy.tokenizer)  # load once, before the pool forks
         for result in self.results(jobs):

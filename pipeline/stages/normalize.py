@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from .errors import StageError
-from .models import SourceDoc
+from pipeline.errors import StageError
+from pipeline.models import SourceDoc
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 #: Bounds on parsed front matter: values in all (after YAML aliases), and nesting.

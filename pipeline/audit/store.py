@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
-from .errors import PipelineError, UsageError
-from .models import SourceDoc
-from .normalize import normalize, read_source
-from .state import MANIFEST, MANIFEST_FORMAT, STATE_DIR, load_redirects
+from pipeline.errors import PipelineError, UsageError
+from pipeline.models import SourceDoc
+from pipeline.run.state import MANIFEST, MANIFEST_FORMAT, STATE_DIR, load_redirects
+from pipeline.stages.normalize import normalize, read_source
 
 
 def doc_name_of(rel_path: str) -> str:

@@ -1,0 +1,210 @@
+"""One document's whole job in a worker: read, chunk, check, write (SPEC §5).
+
+``process_document`` adds the two I/O ends to the pure ``runner.chunk_document``:
+it reads the source, checks every record against the schema, and writes the
+document's chunk files all or none. Every executor (the local guard pool, Ray)
+runs exactly this function, so the output is the same whichever runs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import xxhash
+
+from pipeline.errors import PipelineError, SchemaError, StageError
+from pipeline.models import Chunk, Policy
+from pipeline.run.emit import check_record, dumps, stable_digest, unchanged, write_all_atomic
+from pipeline.run.redirects import Chunklet, match
+from pipeline.run.state import read_journal, write_journal
+from pipeline.runner import Timer, chunk_document
+from pipeline.stages.normalize import DEFAULT_MAX_BYTES, read_stamped
+
+
+@dataclass(slots=True)
+class Job:
+    """One document to process: where it is, where its chunks go, what it had before."""
+
+    path: str
+    rel_path: str
+    out: str
+    policy: Policy
+    processed_at: str
+    old_files: tuple[str, ...] = ()
+    max_bytes: int = DEFAULT_MAX_BYTES
+    rev_width: int = 8
+    #: The manifest's last word on this document, index-aligned with ``old_files``.
+    old_chunk_ids: tuple[str, ...] = ()
+    old_hashes: tuple[str, ...] = ()
+    old_digests: tuple[str, ...] = ()
+    #: The files on disk are what the manifest says (no crash since, no ``--full``):
+    #: a file whose digest is unchanged is then neither read nor written.
+    trusted: bool = False
+    #: The output held no chunk file when this run began, and a run writes each file
+    #: once: no target exists yet, so none is looked for.
+    fresh: bool = False
+
+
+@dataclass(slots=True)
+class DocResult:
+    """What processing one document did; small, so it crosses process boundaries cheaply."""
+
+    rel_path: str
+    size: int = 0
+    mtime_ns: int = 0  #: the source's mtime when it was read (what the manifest keeps)
+    source_hash: str = ""
+    files: list[str] = field(default_factory=list)
+    chunk_ids: list[str] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)  #: files new since the manifest
+    changed: list[str] = field(default_factory=list)  #: files whose content moved since the manifest
+    written: int = 0  #: files actually written (a repair after a crash can need fewer)
+    unsafe: bool = False  #: a write failed half-way: the files may be neither old nor new
+    #: old chunk_id → (new chunk_id, how) for the old ids this version no longer has
+    redirects: dict[str, tuple[str, str]] = field(default_factory=dict)
+    tokens: int = 0
+    uid_rev: str = ""
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def process_document(job: Job, before_write: Callable[[], None] | None = None) -> DocResult:
+    """Read, chunk, check and write one document. Never raises for bad input.
+
+    ``before_write`` is called once the chunks are ready, before the first file is
+    touched (the guard gives the write phase its own deadline, see ``guard.py``).
+    """
+    result = DocResult(job.rel_path)
+    timer = Timer()
+    try:
+        raw, result.mtime_ns = read_stamped(Path(job.path), job.rel_path, job.max_bytes)
+        result.size = len(raw)
+        result.source_hash = xxhash.xxh3_64_hexdigest(raw)
+        timer.lap("read")
+        doc, chunks = chunk_document(
+            raw,
+            job.rel_path,
+            job.policy,
+            processed_at=job.processed_at,
+            rev_width=job.rev_width,
+            timer=timer,
+        )
+        result.warnings.extend(doc.warnings)
+        for chunk in chunks:  # check them all before writing any: a document is all or nothing
+            check_record(chunk.record, f"{job.rel_path}: {chunk.rel_file}")
+        timer.lap("schema")
+        for chunk in chunks:
+            rec = chunk.record
+            result.files.append(chunk.rel_file)
+            result.ids.append(rec["id"])
+            result.chunk_ids.append(rec["chunk_id"])
+            result.hashes.append(rec["hash"])
+            result.digests.append(stable_digest(rec))
+            result.tokens += rec["tokenStats"]["tokens"]
+        if chunks:
+            result.uid_rev = chunks[0].record["chunk_id"].split("|s=", 1)[0]
+        result.redirects = _redirects(job, chunks)  # before any old file is overwritten
+        timer.lap("mint")
+        if before_write is not None:
+            before_write()
+        _write(job, chunks, result)
+        timer.lap("write")
+    except (StageError, SchemaError) as exc:
+        result.error = str(exc)
+    except RecursionError:
+        result.error = f"{job.rel_path}: parse: nesting too deep (hint: flatten nested quotes or lists)"
+    except OSError as exc:
+        result.error = f"{job.rel_path}: write: {exc.strerror or exc} (hint: check the output folder)"
+    except PipelineError as exc:
+        result.error = str(exc)
+    result.seconds = timer.seconds
+    return result
+
+
+def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
+    """Write the chunk files whose content moved, all or none (SPEC §5 minimal writes).
+
+    The change feed's view (``added``/``changed``) compares with the manifest, so a
+    loader hears of every change even when a run that died had already written it.
+    """
+    digests = job.old_digests
+    before = {f: digests[i] if i < len(digests) else "" for i, f in enumerate(job.old_files)}
+    pending: list[tuple[str, bytes]] = []
+    for chunk, digest in zip(chunks, result.digests, strict=True):
+        target = f"{job.out}/{chunk.rel_file}"  # a str: a Path per chunk costs more than its write
+        was = before.get(chunk.rel_file)  # None: a new file; "": digest unknown
+        if job.fresh:
+            on_disk = False
+        elif job.trusted and was:
+            on_disk = was == digest and os.path.exists(target)
+        else:
+            on_disk = unchanged(Path(target), chunk.record)
+        if was is None:
+            result.added.append(chunk.rel_file)
+        elif (was != digest) if was else not on_disk:
+            result.changed.append(chunk.rel_file)
+        if not on_disk:
+            pending.append((target, dumps(chunk.record)))
+    try:
+        write_all_atomic(pending, new=job.fresh)
+    except OSError:
+        result.unsafe = True
+        raise
+    result.written = len(pending)
+
+
+def _redirects(job: Job, chunks: list[Chunk]) -> dict[str, tuple[str, str]]:
+    """Match the old ids this version no longer has to new chunks, by content (SPEC §3)."""
+    live = {c.record["chunk_id"] for c in chunks}
+    gone = [i for i, cid in enumerate(job.old_chunk_ids) if cid not in live]
+    if not gone or not chunks:
+        return {}
+    texts = _old_texts(job, gone)
+    old = [
+        Chunklet(job.old_chunk_ids[i], job.old_hashes[i], texts.get(job.old_chunk_ids[i], ("", None))[1])
+        for i in gone
+        if i < len(job.old_hashes)
+    ]
+    new = [Chunklet(c.record["chunk_id"], c.record["hash"], c.record["originalText"]) for c in chunks]
+    return {cid: (r.new, r.how) for cid, r in match(old, new).items()}
+
+
+def _old_texts(job: Job, gone: list[int]) -> dict[str, tuple[str, str | None]]:
+    """The old texts of vanished chunks: from the journal of a run that died, else the old files.
+
+    Each text is checked against the manifest's hash, so a file that a dead run already
+    overwrote is never taken for the old text. What is found is journaled before any
+    file is overwritten, so a crash from here on loses nothing.
+    """
+    out = Path(job.out)
+    want = {
+        job.old_chunk_ids[i]: (job.old_files[i], job.old_hashes[i])
+        for i in gone
+        if i < len(job.old_files) and i < len(job.old_hashes)
+    }
+    found: dict[str, tuple[str, str | None]] = {}
+    journal = read_journal(out, job.rel_path)
+    for cid, (digest, text) in journal.items():
+        if cid in want and want[cid][1] == digest:
+            found[cid] = (digest, text)
+    fresh = False
+    for cid, (file, digest) in want.items():
+        if cid in found:
+            continue
+        try:
+            rec = orjson.loads((out / file).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(rec, dict) and rec.get("chunk_id") == cid and rec.get("hash") == digest:
+            found[cid] = (digest, str(rec.get("originalText", "")))
+            fresh = True
+    if fresh:
+        write_journal(out, job.rel_path, {cid: (d, t or "") for cid, (d, t) in found.items()})
+    return found
