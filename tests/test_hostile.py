@@ -605,7 +605,7 @@ def test_link_reference_definitions_are_linear_and_unchanged() -> None:
     """mdlimits' ``Footnote.read``: mistletoe's result, without its quadratic slicing."""
     from mistletoe import block_token
 
-    from pipeline.stages.mdlimits import _read_definitions
+    from pipeline.stages.mdblocks import read_definitions as _read_definitions
     from pipeline.stages.parse import _mistletoe
 
     texts = [

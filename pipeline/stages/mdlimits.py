@@ -65,20 +65,18 @@ from pipeline.stages.punctuation import import_mistletoe
 import_mistletoe()  # before mistletoe's own import: see punctuation.py
 
 from mistletoe import block_token, block_tokenizer
-from mistletoe import token as md_token
 
-#: Characters of look-ahead a link reference definition gets (see the module docstring).
-WINDOW = 8192
-#: A closing code fence: up to 3 spaces, a run of ` or ~, blanks (CommonMark 4.5).
-_FENCE_CLOSER = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*\n?")
-_PIPE = re.compile(r"(?<!\\)\|")  # a cell separator: a pipe not escaped by a backslash
-_ALIGN = re.compile(r":?-+:?")
-_LIST_MARKER = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[-+*])(?:[ \t]|\n|$)")
-#: What markdown-it trims from a table line: ASCII and Unicode blanks (``common/utils.py``).
-_TRIM = (
-    "\t\n\x0b\x0c\r \xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+from pipeline.stages.mdblocks import (
+    FENCE_CLOSER,
+    LIST_MARKER,
+    cells,
+    delimiter_cells,
+    ends_table,
+    indent,
+    read_definitions,
+    read_fence,
+    read_table,
 )
-_MAX_AUTOCOMPLETED_CELLS = 0x10000  # markdown-it's cap on cells filled in for short rows
 
 _state = threading.local()
 _installed: dict[str, Any] = {}
@@ -102,9 +100,9 @@ def install(max_depth: int) -> None:
             _state.depth = depth
 
     block_tokenizer.tokenize_block = tokenize_block
-    block_token.Footnote.read = classmethod(_read_definitions)  # type: ignore[method-assign,assignment]
-    block_token.CodeFence.read = classmethod(_read_fence)  # type: ignore[method-assign,assignment]
-    block_token.Table.read = classmethod(_read_table)  # type: ignore[method-assign,assignment]
+    block_token.Footnote.read = classmethod(read_definitions)  # type: ignore[method-assign,assignment]
+    block_token.CodeFence.read = classmethod(read_fence)  # type: ignore[method-assign,assignment]
+    block_token.Table.read = classmethod(read_table)  # type: ignore[method-assign,assignment]
     block_token.ListItem.read = classmethod(_read_item)  # type: ignore[method-assign,assignment]
     block_token.HtmlBlock.read = classmethod(_read_html)  # type: ignore[method-assign,assignment]
     block_token.Quote.read = classmethod(_read_quote)  # type: ignore[method-assign,assignment]
@@ -171,7 +169,7 @@ class _Lazy:
         in_item = prefix.rstrip()[-1:] not in ("", ">")
         if item is None and self.item_depth == prefix.count(">") and inner.strip():
             need = self.item_col - len(prefix)
-            if 0 < need <= _indent(inner):  # inside the last list item: its indent, then its marks
+            if 0 < need <= indent(inner):  # inside the last list item: its indent, then its marks
                 inner = inner.expandtabs(4)
                 more = _CONTAINER_MARKS.match(inner, need).end()  # type: ignore[union-attr]
                 prefix, inner = prefix + inner[:more], inner[more:]
@@ -180,15 +178,15 @@ class _Lazy:
         if item is not None:
             self.item_depth, self.item_col = item
         quotes = prefix.count(">")
-        column = len(prefix) + _indent(inner)  # where this line's content starts
+        column = len(prefix) + indent(inner)  # where this line's content starts
         # an indent counts from the innermost container this line is known to be in
         code_indent = in_item or self.item_depth is None or quotes > self.item_depth
         header, self.last = self.last, ""
-        if self.table and not _ends_table(inner):
+        if self.table and not ends_table(inner):
             self.paragraph = False
             return
         self.table = False
-        if header and "|" in header and _delimiter_cells(inner) == _cells(header):
+        if header and "|" in header and delimiter_cells(inner) == cells(header):
             self.table = True
             self.paragraph = False
             return
@@ -196,7 +194,7 @@ class _Lazy:
             char, length, around, fence_col = self.fence
             left = quotes < around or (fence_col is not None and bool(inner.strip()) and column < fence_col)
             if not left:
-                closer = _FENCE_CLOSER.fullmatch(inner)
+                closer = FENCE_CLOSER.fullmatch(inner)
                 if closer and closer[1][0] == char and len(closer[1]) >= length:
                     self.fence = None
                 self.paragraph = False
@@ -211,7 +209,7 @@ class _Lazy:
             self.paragraph = False
         elif _ATX.match(inner) or _BREAK.match(inner):
             self.paragraph = False
-        elif not self.paragraph and code_indent and _indent(inner) >= 4:
+        elif not self.paragraph and code_indent and indent(inner) >= 4:
             self.paragraph = False  # indented code
         else:
             self.paragraph = True
@@ -335,7 +333,7 @@ def _read_quote(cls: Any, lines: Any) -> Any:
             stripped = stripped[prepend:]
             line_buffer.append(stripped)
             lazy.feed(stripped)
-        elif not lazy.paragraph or _LIST_MARKER.match(next_line):
+        elif not lazy.paragraph or LIST_MARKER.match(next_line):
             break  # a list may start here, whatever its number or content: the quote's line failed
         else:
             line_buffer.append(next_line)
@@ -443,140 +441,3 @@ def _read_paragraph(cls: Any, lines: Any) -> Any:
             break
         line_buffer.append(next(lines))
     return line_buffer
-
-
-def _indent(line: str) -> int:
-    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip(" "))
-
-
-def _cells(row: str) -> int:
-    """Cells in a table row as GFM counts them: outer pipes dropped, ``\\|`` kept in a cell."""
-    cells = _PIPE.split(row.strip(_TRIM))
-    if cells and cells[0] == "":
-        cells.pop(0)
-    if cells and cells[-1] == "":
-        cells.pop()
-    return len(cells)
-
-
-def _delimiter_cells(row: str) -> int | None:
-    """Cells of a delimiter row (``| :-- | --: |``), or None if the line is not one."""
-    line = row.rstrip("\n").lstrip(" \t")
-    if len(line) < 2 or _indent(row) >= 4:
-        return None
-    first, second = line[0], line[1]
-    if first not in "|-:" or second not in "|-: \t" or (first == "-" and second in " \t"):
-        return None
-    if line.strip("|-: \t"):
-        return None
-    columns = line.split("|")
-    count = 0
-    for i, column in enumerate(columns):
-        cell = column.strip(_TRIM)
-        if not cell:
-            if 0 < i < len(columns) - 1:
-                return None
-            continue
-        if not _ALIGN.fullmatch(cell):
-            return None
-        count += 1
-    return count
-
-
-def _ends_table(line: str) -> bool:
-    """A line that starts a block a table gives way to (markdown-it: blockquote's terminators)."""
-    if not line.strip(_TRIM) or _indent(line) >= 4:
-        return True
-    if _LIST_MARKER.match(line):
-        return True
-    for token in block_token._token_types:
-        name = token.__name__
-        if name in ("Quote", "CodeFence", "ThematicBreak", "Heading") and token.start(line):
-            return True
-        if name == "HtmlBlock" and token.start(line) not in (False, None, 7):  # type 7 does not interrupt
-            return True
-    return False
-
-
-def _read_table(cls: Any, lines: Any, check_only: bool = False) -> Any:
-    """``Table.read`` with GFM's rules for where a table starts and where it ends."""
-    anchor = lines.get_pos()
-    header = next(lines)
-    start_line = lines.line_number()
-    delimiter = next(lines, None)
-    count = _delimiter_cells(delimiter) if delimiter is not None else None
-    if count is None or _indent(header) >= 4 or "|" not in header or _cells(header) != count:
-        lines.set_pos(anchor)
-        return None
-    if check_only:
-        lines.set_pos(anchor)
-        return True
-    line_buffer = [header, delimiter]
-    filled = 0
-    while (row := lines.peek()) is not None and not _ends_table(row):
-        filled += count - _cells(row)
-        if filled > _MAX_AUTOCOMPLETED_CELLS:
-            break
-        line_buffer.append(next(lines))
-    return line_buffer, start_line
-
-
-def _read_fence(cls: Any, lines: Any) -> Any:
-    """``CodeFence.read`` that closes the fence only where CommonMark does."""
-    next(lines)
-    info = cls._open_info
-    indentation, leader = info[0], info[1]
-    mark = leader[0]
-    line_buffer: list[str] = []
-    # the lines by index (the file wrapper's own list) rather than one ``next`` each;
-    # ``_index`` ends where the loop over the wrapper would leave it: on the closer, or last
-    src = lines.lines
-    at = lines._index
-    for at in range(lines._index + 1, len(src)):  # ``at`` outlives the loop on purpose
-        line = src[at]
-        stripped = line.lstrip(" ")
-        if stripped[:1] == mark:  # a closer starts with the fence's mark (after 0-3 spaces)
-            closer = _FENCE_CLOSER.fullmatch(line)
-            if closer and closer[1][0] == mark and len(closer[1]) >= len(leader):
-                break
-        diff = len(line) - len(stripped)
-        if diff > indentation:
-            stripped = " " * (diff - indentation) + stripped
-        line_buffer.append(stripped)
-    lines._index = at
-    return line_buffer, info
-
-
-def _read_definitions(cls: Any, lines: Any) -> Any:
-    """``Footnote.read`` in linear time: same result, a bounded window per definition."""
-    buffer: list[str] = []
-    nxt = lines.peek()
-    while nxt is not None and nxt.strip() != "":
-        buffer.append(next(lines))
-        nxt = lines.peek()
-    matches: list[Any] = []
-    total = len(buffer)
-    first = 0  # first line not yet consumed
-    text, upto, offset = "", 0, 0  # the window: buffer[first_of_window:upto] joined
-    while True:
-        if len(text) - offset < WINDOW and upto < total:
-            upto, size = first, 0
-            while upto < total and size < 2 * WINDOW:
-                size += len(buffer[upto])
-                upto += 1
-            text, offset = "".join(buffer[first:upto]), 0
-        if offset >= len(text) - 1:  # mistletoe's own loop condition
-            break
-        info = cls.match_reference(text, offset)
-        if info is None and upto < total:  # perhaps the window was short: decide on all that is left
-            text, upto, offset = "".join(buffer[first:]), total, 0
-            info = cls.match_reference(text, offset)
-        if info is None:
-            lines._index -= text.count("\n", offset)  # give back what did not match
-            break
-        end, match = info
-        matches.append(match)
-        first += text.count("\n", offset, end)
-        offset = end
-    cls.append_footnotes(matches, md_token._root_node)
-    return matches or None

@@ -1,0 +1,202 @@
+"""`chunkyard ingest` and `chunkyard watch`: a corpus run (SPEC §5, §6), with its summary table."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pipeline.cli.base import (
+    CorpusArg,
+    CorpusOpt,
+    DocMemoryOpt,
+    DocTimeoutOpt,
+    ExcludeOpt,
+    FullOpt,
+    JobsOpt,
+    JsonOpt,
+    LangOpt,
+    MaxBytesOpt,
+    OutOpt,
+    OverlapOpt,
+    PrefixOpt,
+    QuietOpt,
+    TargetOpt,
+    TokenizerOpt,
+    WaitOpt,
+    err,
+    make_policy,
+    out_console,
+    resolve_corpus,
+)
+from pipeline.errors import PipelineError
+from pipeline.run.ingest import Options, Summary, ingest
+from pipeline.run.pool import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
+from pipeline.stages.normalize import DEFAULT_MAX_BYTES
+
+
+def ingest_cmd(
+    corpus: CorpusArg = None,
+    corpus_opt: CorpusOpt = None,
+    out: OutOpt = Path("chunks"),
+    target_tokens: TargetOpt = 512,
+    overlap_tokens: OverlapOpt = 64,
+    tokenizer: TokenizerOpt = "cl100k_base",
+    context_prefix: PrefixOpt = True,
+    lang: LangOpt = "en",
+    jobs: JobsOpt = 0,
+    full: FullOpt = False,
+    exclude: ExcludeOpt = None,
+    max_bytes: MaxBytesOpt = DEFAULT_MAX_BYTES,
+    doc_timeout: DocTimeoutOpt = DEFAULT_DOC_TIMEOUT,
+    doc_memory: DocMemoryOpt = DEFAULT_DOC_MEMORY_MB,
+    wait: WaitOpt = True,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Chunk a folder of Markdown into one JSON file per chunk (incremental)."""
+    opts = Options(
+        corpus=resolve_corpus(corpus, corpus_opt),
+        out=out,
+        policy=make_policy(target_tokens, overlap_tokens, tokenizer, context_prefix, lang),
+        jobs=jobs or os.cpu_count() or 1,
+        full=full,
+        exclude=tuple(exclude or ()),
+        max_bytes=max_bytes,
+        wait=wait,
+        doc_timeout=doc_timeout,
+        doc_memory_mb=doc_memory,
+    )
+    show = not quiet and not json_out and err.is_terminal
+    progress = Progress(
+        TextColumn("[bold]chunking"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[doc]}"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    )
+    task = progress.add_task("chunking", total=None, doc="")
+
+    def waiting(holder: str) -> None:
+        if not quiet:
+            err.print(f"[yellow]waiting[/] for the lock on {out}: held by {holder}")
+
+    try:
+        with progress:
+            summary = ingest(  # no progress shown (--quiet, --json, not a terminal): no calls per document
+                opts,
+                on_start=(lambda n: progress.update(task, total=n)) if show else None,
+                on_result=(lambda r: progress.update(task, advance=1, doc=r.rel_path[-40:]))
+                if show
+                else None,
+                on_wait=waiting,
+            )
+    except PipelineError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    report(summary, quiet=quiet, json_out=json_out)
+    raise typer.Exit(summary.exit_code)
+
+
+def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
+    """The end-of-run summary: a table (or JSON), then every failure with its reason."""
+    if json_out:
+        sys.stdout.write(orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    for warning in summary.warnings:
+        if not quiet:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    for failure in summary.failures:
+        err.print(f"[red]failed:[/] {failure}", highlight=False, soft_wrap=True)
+    if quiet:
+        return
+    table = Table(title="chunkyard ingest", show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    chunked = summary.processed - len(summary.failures) if summary.processed else 0
+    rows = (
+        ("documents", f"{summary.documents:,}"),
+        (
+            "  chunked / skipped (unchanged) / failed",
+            f"{max(chunked, 0):,} / {summary.skipped:,} / {len(summary.failures):,}",
+        ),
+        ("chunks", f"{summary.chunks:,}"),
+        ("tokens", f"{summary.tokens:,}"),
+        (
+            "files written / unchanged / removed",
+            f"{summary.written:,} / {summary.unchanged:,} / {summary.removed:,}",
+        ),
+        ("redirects", f"{summary.redirects:,}"),
+        ("seconds", f"{summary.seconds:.2f}"),
+        ("MB/s", f"{summary.mb_per_s:.2f}"),
+    )
+    for name, value in rows:
+        table.add_row(name, value)
+    out_console.print(table)
+
+
+def watch_cmd(
+    corpus: CorpusArg = None,
+    corpus_opt: CorpusOpt = None,
+    out: OutOpt = Path("chunks"),
+    target_tokens: TargetOpt = 512,
+    overlap_tokens: OverlapOpt = 64,
+    tokenizer: TokenizerOpt = "cl100k_base",
+    context_prefix: PrefixOpt = True,
+    lang: LangOpt = "en",
+    jobs: JobsOpt = 0,
+    full: FullOpt = False,
+    exclude: ExcludeOpt = None,
+    max_bytes: MaxBytesOpt = DEFAULT_MAX_BYTES,
+    doc_timeout: DocTimeoutOpt = DEFAULT_DOC_TIMEOUT,
+    doc_memory: DocMemoryOpt = DEFAULT_DOC_MEMORY_MB,
+    wait: WaitOpt = True,
+    debounce_ms: Annotated[
+        int, typer.Option("--debounce-ms", min=0, help="Quiet time after a save before re-chunking.")
+    ] = 50,
+    polling: Annotated[
+        bool, typer.Option("--polling", help="Poll the corpus instead of inotify (network file systems).")
+    ] = False,
+    quiet: QuietOpt = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON line per event on stdout.")] = False,
+) -> None:
+    """Sync once like ingest, then re-chunk each document as it is saved (Ctrl-C stops)."""
+    from pipeline.cli.watch import serve  # watchdog is only imported by this command
+
+    opts = Options(
+        corpus=resolve_corpus(corpus, corpus_opt),
+        out=out,
+        policy=make_policy(target_tokens, overlap_tokens, tokenizer, context_prefix, lang),
+        jobs=jobs or os.cpu_count() or 1,
+        full=full,
+        exclude=tuple(exclude or ()),
+        max_bytes=max_bytes,
+        wait=wait,
+        doc_timeout=doc_timeout,
+        doc_memory_mb=doc_memory,
+    )
+    try:
+        code = serve(
+            opts,
+            out=out_console,
+            err=err,
+            debounce=debounce_ms / 1000,
+            polling=polling,
+            quiet=quiet,
+            json_out=json_out,
+        )
+    except PipelineError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
