@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pipeline.models import Chunk, Policy, SourceDoc
-from pipeline.runner import chunk_document, counter
+from pipeline.run.worker import prepare
+from pipeline.runner import chunk_document
 from pipeline.stages.parse import parse
 from pipeline.stages.tokens import get_encoding
 
@@ -44,7 +45,7 @@ def as_nobody() -> Iterator[None]:
     if os.geteuid() != 0:
         yield
         return
-    counter("cl100k_base")  # the tokenizer is loaded now, before anything forks
+    prepare(Policy())  # what a run loads before its first document, loaded while it still can be
     os.setegid(NOBODY)
     os.seteuid(NOBODY)
     try:

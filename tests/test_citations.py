@@ -260,3 +260,36 @@ def test_cli_invalid_json_and_usage_errors(out: Path, tmp_path: Path) -> None:
     assert invoke(str(bad), "--out", str(tmp_path / "no-chunks")).exit_code == 2
     help_text = runner.invoke(app, ["check-citations", "--help"]).output
     assert "--allow-cross-section" in help_text and "--out" in help_text
+
+
+def citation_from_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """001's payload built from one chunk record alone: every field a copy of a record field."""
+    return {
+        "doc_id": rec["doc_id"],
+        "section_id": rec["section_id"],
+        "snippet_id": rec["chunk_id"],
+        "source_url": rec["source_url"],
+        "offsets": {
+            "start": rec["charOffsets"]["charStart"],
+            "end": rec["charOffsets"]["charEnd"],
+            "unit": "char",
+        },
+        "tokens": rec["tokenStats"]["tokens"],
+        "rev": rec["rev"],
+        "analyzer": rec["metadata"]["analyzer"],
+    }
+
+
+def test_a_citation_is_built_from_a_chunk_record_alone(out: Path) -> None:
+    """Issue 13: `doc_id` is in the record, so a loader needs no id parsing to cite (001)."""
+    records = [orjson.loads(p.read_bytes()) for p in sorted(out.rglob("*.json")) if ".chunkyard" not in p.parts]
+    assert len(records) > 10
+    for rec in records:
+        assert rec["chunk_id"].startswith(rec["doc_id"] + "|r=")
+        assert resolve(open_store(out), rec["chunk_id"]).payload()["doc_id"] == rec["doc_id"]
+    one_per_section = {(r["doc_id"], r["section_id"]): r for r in records}.values()
+    for rec in one_per_section:
+        assert check(out, {"citations": [citation_from_record(rec)], "answer": "x"}) == []
+    wrong = citation_from_record(next(iter(one_per_section)))
+    wrong["doc_id"] = "doc:" + wrong["doc_id"]  # the parentId form is not the doc id
+    assert [c for c, _, _ in check(out, {"citations": [wrong], "answer": "x"})] == ["doc_mismatch"]

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 
 from pipeline.audit.resolve import suggest
-from pipeline.audit.store import ChunkStore, uid_of
+from pipeline.audit.store import ChunkStore
 from pipeline.errors import PipelineError, UsageError
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "answer.schema.json"
@@ -318,7 +318,7 @@ def _check_fields(
         )
     checks = (
         ("section_id", "section_mismatch", rec["section_id"]),
-        ("doc_id", "doc_mismatch", uid_of(rec["chunk_id"])),
+        ("doc_id", "doc_mismatch", rec["doc_id"]),
         ("source_url", "source_mismatch", rec["source_url"]),
         ("analyzer", "analyzer_mismatch", rec["metadata"]["analyzer"]),
         ("rev", "rev_mismatch", rec["rev"]),
@@ -345,4 +345,4 @@ def _section_key(rec: dict[str, Any] | None) -> tuple[str, str] | None:
 
     A citation whose chunk is unknown is fenced by nothing: its own finding says enough.
     """
-    return (uid_of(rec["chunk_id"]), rec["section_id"]) if rec is not None else None
+    return (rec["doc_id"], rec["section_id"]) if rec is not None else None

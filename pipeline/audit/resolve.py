@@ -91,7 +91,7 @@ class Resolved:
         """001's citation payload for this chunk, plus its text and where it lives."""
         rec = self.record
         return {
-            "doc_id": uid_of(rec["chunk_id"]),
+            "doc_id": rec["doc_id"],
             "section_id": rec["section_id"],
             "snippet_id": rec["chunk_id"],
             "source_url": rec["source_url"],

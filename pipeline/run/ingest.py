@@ -276,6 +276,9 @@ class Session:
         opts = self.opts
         if not jobs:
             return iter(())
+        from pipeline.run.worker import prepare
+
+        prepare(opts.policy)  # before any worker forks: none ever imports mid-run
         if opts.doc_timeout <= 0 and opts.doc_memory_mb <= 0:
             return _results(jobs, opts.jobs)
         if self._pool is None:

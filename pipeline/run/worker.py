@@ -18,11 +18,24 @@ import xxhash
 
 from pipeline.errors import PipelineError, SchemaError, StageError
 from pipeline.models import Chunk, Policy
-from pipeline.run.emit import check_record, dumps, stable_digest, unchanged, write_all_atomic
+from pipeline.run.emit import check_record, dumps, fast_validator, stable_digest, unchanged, write_all_atomic
 from pipeline.run.redirects import Chunklet, match
 from pipeline.run.state import read_journal, write_journal
-from pipeline.runner import Timer, chunk_document
+from pipeline.runner import Timer, chunk_document, counter
 from pipeline.stages.normalize import DEFAULT_MAX_BYTES, read_stamped
+
+
+def prepare(policy: Policy) -> None:
+    """Load everything processing a document needs, before the first document is read.
+
+    Called in the parent before any worker forks (the workers inherit it all), so a worker
+    never imports in the middle of a run: a venv replaced under a long ``watch``, or a
+    process whose privileges dropped, cannot fail a document with ``ModuleNotFoundError``.
+    """
+    import multiprocessing.popen_fork  # noqa: F401 - what starting a forked worker imports
+
+    fast_validator()  # jsonschema-rs and the compiled chunk schema
+    counter(policy.tokenizer)  # the vocabulary (~0.2 s)
 
 
 @dataclass(slots=True)

@@ -17,15 +17,20 @@ if TYPE_CHECKING:
     from pipeline.stages.parse import Lines
 
 CHUNKER_VERSION = "md-heading-v1"
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_VERSION = "1.1.0"  # 1.1: doc_id in every record
 #: Longest chunk file name we write; most file systems allow 255 bytes.
 MAX_NAME_BYTES = 240
 
 _UID_UNSAFE = re.compile(r"[|%\s]")
 _MD_LEAD = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,9}[.)]\s+|\|)+")
-_MD_MARKS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)|!?\[([^\]]*)\]\([^)]*\)")  # emphasis, code, links
-#: ``_MD_MARKS`` for a line without ``[`` (no link can match there): all it finds goes.
-_MD_EMPHASIS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)")
+#: An inline link or image whose text holds at most one level of balanced brackets: its text stays.
+_MD_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\([^()]*\)")
+_MD_EMPHASIS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)")  # emphasis and code marks
+#: A line that starts another block (in or out of a quote): a heading, list item, fence or table row.
+_NEW_BLOCK = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*(?:#{1,6}(?:[ \t]|$)|[-*+][ \t]|\d{1,9}[.)][ \t]|```|~~~|\|)")
+_QUOTE_LEAD = re.compile(r"[ \t]*(?:>[ \t]?)+")  # a quote's marks on a continuation line
+#: The longest anchor (SPEC §2).
+ANCHOR_CHARS = 200
 #: A sentence's last character: ``.!?`` before a blank, or a CJK full stop, ! or ?.
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|[。！？]")
 _RULE_LINE = re.compile(r"[|\-: =#*_>]+")  # table rules, thematic breaks, bare markers
@@ -74,31 +79,65 @@ def chunk_files(doc_name: str, count: int) -> list[str]:
 
 
 def anchor(text: str) -> str:
-    """The first salient sentence: Markdown marks dropped, headings passed over, ≤ 200 chars."""
+    """The first salient sentence (000): the first line of text that is not a heading, a fence
+    or a rule, joined with the lines that soft-wrap its paragraph, Markdown marks dropped (a link
+    or an image keeps its text), up to its first sentence end; at most ``ANCHOR_CHARS``, cut at a
+    word boundary. A chunk of nothing but headings anchors on the first of them."""
     fallback = ""
-    for line in _lines(text):
+    lines = _lines(text)
+    for line in lines:
         stripped = line.strip()
         if not stripped or stripped.startswith(("```", "~~~")) or _RULE_LINE.fullmatch(stripped):
             continue
-        lead = _MD_LEAD.match(stripped)  # anchored: what ``sub`` would drop, without its scan
-        plain = stripped[lead.end() :] if lead else stripped
-        if "[" in plain:  # a link keeps its text
-            plain = _MD_MARKS.sub(_link_text, plain)
-        elif "*" in plain or "_" in plain or "`" in plain:  # else nothing to drop
-            plain = _MD_EMPHASIS.sub("", plain)
-        plain = " ".join(plain.split())
+        plain = _plain(stripped)
         if not plain:
             continue
         if stripped.startswith("#"):
             fallback = fallback or plain
             continue
+        if not stripped.startswith("|"):  # a table row is a line of its own; a paragraph wraps
+            parts = [stripped]
+            while not _SENTENCE_END.search(plain) and len(plain) < ANCHOR_CHARS:
+                more = next(lines, None)
+                if more is None or _ends_paragraph(more):
+                    break
+                parts.append(_QUOTE_LEAD.sub("", more, count=1))
+                plain = _plain(" ".join(parts))
         end = _SENTENCE_END.search(plain)
-        return (plain[: end.start() + 1] if end else plain)[:200]
-    return (fallback or " ".join(text.split()))[:200]
+        return _cap(plain[: end.start() + 1] if end else plain)
+    return _cap(fallback or " ".join(text.split()))
+
+
+def _plain(line: str) -> str:
+    """A line (or joined lines) without its block marks, links, images and emphasis."""
+    lead = _MD_LEAD.match(line)  # anchored: what ``sub`` would drop, without its scan
+    plain = line[lead.end() :] if lead else line
+    while "](" in plain:  # outermost first, then what its text holds: ``[![alt](img)](url)`` → ``alt``
+        unwrapped = _MD_LINK.sub(_link_text, plain)
+        if unwrapped == plain:
+            break
+        plain = unwrapped
+    if "*" in plain or "_" in plain or "`" in plain:
+        plain = _MD_EMPHASIS.sub("", plain)
+    return " ".join(plain.split())
+
+
+def _ends_paragraph(line: str) -> bool:
+    """Whether ``line`` cannot continue the paragraph above it: blank, or another block's start."""
+    stripped = line.strip()
+    return not stripped or bool(_NEW_BLOCK.match(line)) or bool(_RULE_LINE.fullmatch(stripped))
+
+
+def _cap(plain: str) -> str:
+    """At most ``ANCHOR_CHARS`` characters, cut at the last word boundary that fits."""
+    if len(plain) <= ANCHOR_CHARS:
+        return plain
+    cut = plain.rfind(" ", 0, ANCHOR_CHARS + 1)
+    return plain[:cut] if cut > 0 else plain[:ANCHOR_CHARS]
 
 
 def _link_text(match: re.Match[str]) -> str:
-    return match[1] or ""  # the text of a link; an emphasis or code mark goes
+    return match[1]  # the text of a link, the alt text of an image
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -185,6 +224,7 @@ def mint(
             "nextId": ids[n + 1] if n + 1 < total else None,
             "chunkNumber": n,
             "contentType": "doc",
+            "doc_id": uid,  # 001's doc_id: a citation is copied from the record's own fields
             "chunk_id": f"{uid_rev}{sect.path}|p=000|b={d.first_piece:0{widths[sect.path]}d}",
             "section_id": sect.path,
             "block_type": d.block_type,
