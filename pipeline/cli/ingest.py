@@ -36,8 +36,8 @@ from pipeline.cli.base import (
     resolve_corpus,
 )
 from pipeline.errors import PipelineError
+from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.ingest import Options, Summary, ingest
-from pipeline.run.pool import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
 

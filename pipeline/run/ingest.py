@@ -16,7 +16,7 @@ from pipeline._version import __version__
 from pipeline.errors import UsageError
 from pipeline.models import Policy
 from pipeline.run.discover import Found, discover, find_one, walk
-from pipeline.run.pool import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
+from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.redirects import changes, collapse, match_by_hash
 from pipeline.run.state import (
     MANIFEST_FORMAT,
