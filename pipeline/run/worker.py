@@ -32,7 +32,13 @@ def prepare(policy: Policy) -> None:
     never imports in the middle of a run: a venv replaced under a long ``watch``, or a
     process whose privileges dropped, cannot fail a document with ``ModuleNotFoundError``.
     """
-    import multiprocessing.popen_fork  # noqa: F401 - what starting a forked worker imports
+    # the executors: starting a forked worker, the unguarded pool's queues and locks, the guard
+    import concurrent.futures.process  # noqa: F401
+    import multiprocessing.popen_fork  # noqa: F401
+    import multiprocessing.queues  # noqa: F401
+    import multiprocessing.synchronize  # noqa: F401
+
+    import pipeline.run.pool  # noqa: F401
 
     fast_validator()  # jsonschema-rs and the compiled chunk schema
     counter(policy.tokenizer)  # the vocabulary (~0.2 s)
