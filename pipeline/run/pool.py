@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from pipeline.run.worker import DocResult, Job
 
 
-
 class _Worker:
     __slots__ = (
         "answered",

@@ -34,8 +34,8 @@ def prepare(policy: Policy) -> None:
     """
     # the executors: starting a forked worker, the unguarded pool's queues and locks, the guard
     import concurrent.futures.process  # noqa: F401
-    import multiprocessing.popen_fork  # noqa: F401
-    import multiprocessing.queues  # noqa: F401
+    import multiprocessing.popen_fork
+    import multiprocessing.queues
     import multiprocessing.synchronize  # noqa: F401
 
     import pipeline.run.pool  # noqa: F401

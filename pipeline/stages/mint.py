@@ -27,7 +27,9 @@ _MD_LEAD = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,9}[.)]\s+|\|)+")
 _MD_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\([^()]*\)")
 _MD_EMPHASIS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)")  # emphasis and code marks
 #: A line that starts another block (in or out of a quote): a heading, list item, fence or table row.
-_NEW_BLOCK = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*(?:#{1,6}(?:[ \t]|$)|[-*+][ \t]|\d{1,9}[.)][ \t]|```|~~~|\|)")
+_NEW_BLOCK = re.compile(
+    r"[ \t]*(?:>[ \t]?)*[ \t]*(?:#{1,6}(?:[ \t]|$)|[-*+][ \t]|\d{1,9}[.)][ \t]|```|~~~|\|)"
+)
 _QUOTE_LEAD = re.compile(r"[ \t]*(?:>[ \t]?)+")  # a quote's marks on a continuation line
 #: The longest anchor (SPEC §2).
 ANCHOR_CHARS = 200
