@@ -22,6 +22,7 @@ def check_set(path: Path, corpus: Path, at_least: int) -> None:
     for q, line in zip(gold, raw, strict=True):
         assert line.get("kind") in KINDS, f"{path.name}:{q.line}: give every question a kind"
         assert len(q.text) >= 30, f"{path.name}:{q.line}: quote the whole answer"
+        assert q.text == q.text.strip("\n") and not q.text.endswith(" "), f"{path.name}:{q.line}: trim the quote"
         # a user's question, not a phrase lifted from the passage
         assert q.question.lower().rstrip("?") not in q.text.lower(), f"{path.name}:{q.line}: question copied"
     kinds = Counter(line["kind"] for line in raw)
@@ -40,6 +41,10 @@ def test_shared_corpora_gold_sets(path: Path) -> None:
     if not corpus.is_dir():
         pytest.skip(f"{corpus} is absent")
     check_set(path, corpus, at_least=40)
+
+
+def test_bench_sets_exist() -> None:
+    assert {p.stem for p in BENCH_GOLD} >= {"rust-book", "fastapi-en", "powershell-docs"}
 
 
 def test_quote_is_resolved_in_canonical_text(tmp_path: Path) -> None:
