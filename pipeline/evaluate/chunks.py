@@ -1,0 +1,86 @@
+"""Chunk lists for evaluation: chunkyard's own chunk files, or any chunker's (source, offsets, text).
+
+Everything evaluation compares is a chunk with a corpus-relative ``source``, character
+offsets ``[start, end)`` into that source's canonical text, and its ``text``; ``embed``
+is what a retriever should embed and index (chunkyard: ``embedText``, with the breadcrumb;
+a peer: its own text). The index and search of issue 16 take these lists whatever made them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import UsageError
+
+#: The output folder's state directory (manifest, change feed): never chunk files.
+STATE_DIR = ".chunkyard"
+
+
+@dataclass(frozen=True, slots=True)
+class EvalChunk:
+    """One chunk of one source document, as the metrics and the exports see it."""
+
+    chunk_id: str
+    source: str
+    start: int
+    end: int
+    text: str
+    """The source's text at ``[start, end)`` (``originalText``)."""
+    embed: str
+    """What to embed and index (``embedText``; the text itself for chunkers without one)."""
+    tokens: int | None = None
+
+    def as_item(self) -> dict[str, Any]:
+        """A retrieved-item mapping for ``metrics.retrieved_from``."""
+        return {
+            "chunk_id": self.chunk_id,
+            "source": self.source,
+            "offsets": {"start": self.start, "end": self.end},
+            "tokens": self.tokens,
+            "originalText": self.text,
+        }
+
+
+def iter_chunk_files(out: Path) -> Iterator[Path]:
+    """Every chunk file below an output folder, in a stable order (the state folder skipped)."""
+    for path in sorted(out.rglob("*.json")):
+        if STATE_DIR not in path.relative_to(out).parts:
+            yield path
+
+
+def chunk_from_record(rec: dict[str, Any], where: str, embed_original: bool = False) -> EvalChunk:
+    """An ``EvalChunk`` from a chunk file record (SPEC §2)."""
+    try:
+        offsets = rec["charOffsets"]
+        return EvalChunk(
+            chunk_id=rec["chunk_id"],
+            source=rec["metadata"]["sourceFile"],
+            start=offsets["charStart"],
+            end=offsets["charEnd"],
+            text=rec["originalText"],
+            embed=rec["originalText"] if embed_original else rec["embedText"],
+            tokens=rec["tokenStats"]["tokens"],
+        )
+    except (KeyError, TypeError) as exc:
+        raise UsageError(
+            f"{where}: not a chunk file (missing {exc}) (hint: point --out at a chunkyard output folder)"
+        ) from None
+
+
+def load_chunk_files(out: Path, embed_original: bool = False) -> list[EvalChunk]:
+    """Read every chunk file of an output folder (``embed_original``: embed the text, no breadcrumb)."""
+    if not out.is_dir():
+        raise UsageError(f"{out}: no such output folder (hint: run `chunkyard ingest` first)")
+    chunks = []
+    for path in iter_chunk_files(out):
+        try:
+            rec = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError as exc:
+            raise UsageError(f"{path}: not valid JSON ({exc}) (hint: re-run `chunkyard ingest`)") from None
+        chunks.append(chunk_from_record(rec, str(path), embed_original))
+    return chunks
