@@ -25,7 +25,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import UsageError
-from ._compat import decode, text_rev
+from ..stages.mint import text_rev
+from ..stages.normalize import decode
 
 KINDS = frozenset({"code", "table", "list", "prose"})
 #: A quote this short is too easily ambiguous, and too small to judge a chunk by.

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from ._compat import token_counter
+from ..stages.tokens import Counter
 from .gold import GoldQuestion, Sources
 
 KS = (1, 5, 10)
@@ -223,7 +223,7 @@ _COUNT: list[Callable[[str], int]] = []
 
 def _default_count() -> Callable[[str], int]:
     if not _COUNT:
-        _COUNT.append(token_counter("cl100k_base"))
+        _COUNT.append(Counter("cl100k_base").count)
     return _COUNT[0]
 
 
