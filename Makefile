@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 CORPUS ?= corpus
 OUT    ?= chunks
 
-.PHONY: install ingest test lint bench bench-watch fuzz watch clean
+.PHONY: install ingest test lint bench bench-watch bench-retrieval fuzz watch clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ lint: $(STAMP)
 
 bench: $(STAMP) ## throughput against the splitters people use (pip install -e '.[bench]' for the peers)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+bench-retrieval: $(STAMP) ## recall/nDCG of chunkyard's chunks vs LangChain, LlamaIndex, Chonkie, fixed windows on bench/gold
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/retrieval.py $(BENCH_ARGS)
 
 bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and a 700 KB document
 	$(BIN)/python bench/watch_latency.py

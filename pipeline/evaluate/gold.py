@@ -122,7 +122,9 @@ def resolve_quote(text: str, quote: str, where: str, source: str) -> tuple[int, 
         raise GoldError(where, f"quote not found in {source}", hint)
     second = text.find(quote, first + 1)
     if second >= 0:
-        count = text.count(quote)
+        count, at = 2, second
+        while (at := text.find(quote, at + 1)) >= 0:  # overlapping occurrences count too
+            count += 1
         raise GoldError(
             where,
             f"quote occurs {count} times in {source} (lines {_line_of(text, first)} and "

@@ -70,6 +70,8 @@ def test_quote_is_resolved_in_canonical_text(tmp_path: Path) -> None:
          "other whitespace"),
         ('{"id": "x", "question": "?", "source": "a.md", "quote": "repeat repeat repeat repeat"}',
          "occurs 2 times in a.md (lines 2 and 3)"),
+        ('{"id": "x", "question": "?", "source": "a.md", "quote": "xoxoxoxoxoxoxoxoxoxoxoxo"}',
+         "occurs 3 times"),  # overlapping occurrences are ambiguous too
         ('{"id": "x", "question": "?", "source": "a.md", "quote": "alpha beta gamma delta", "start": 0, "end": 5}',
          "disagree with the quote, found at 0..22"),
         ('{"id": "x", "question": "?", "source": "a.md", "start": 5, "end": 999}', "outside a.md"),
@@ -78,7 +80,7 @@ def test_quote_is_resolved_in_canonical_text(tmp_path: Path) -> None:
 )
 def test_bad_lines_name_the_line_and_the_fix(tmp_path: Path, line: str, message: str) -> None:
     (tmp_path / "a.md").write_text("alpha beta gamma delta epsilon\nrepeat repeat repeat repeat\n"
-                                   "repeat repeat repeat repeat\n", encoding="utf-8")
+                                   "repeat repeat repeat repeat\nxoxoxoxoxoxoxoxoxoxoxoxoxoxo\n", encoding="utf-8")
     with pytest.raises(GoldError, match="hint: ") as err:
         parse_gold([line], "g.jsonl", tmp_path)
     assert message in str(err.value)

@@ -1,0 +1,252 @@
+"""``make bench-retrieval``: chunkyard's chunks against its peers', same retriever, same relevance rule.
+
+    python bench/retrieval.py [--corpora rust-book,fastapi-en,powershell-docs] [--chunkers a,b] [--k 50]
+
+For each corpus with a gold set in ``bench/gold/<corpus>.jsonl``: every chunker of
+``retrieval_peers`` chunks the corpus, one retriever indexes each chunk list, every
+question is asked in every mode, and ``pipeline.evaluate`` scores the rankings (a hit is
+a chunk of the answer's file covering ≥ 50 % of its span). One table per corpus, then
+the paired view against chunkyard: per question, which chunker found the answer earlier
+(a single recall over 70 questions moves ±12 points by chance; the paired count says
+whether the difference is the same questions or noise). Results go to
+``bench/results/retrieval-<corpus>.json``.
+
+**The seam.** ``evaluate_chunkers(gold, chunk_sets, retriever)`` takes chunk lists and a
+``Retriever``: a callable that indexes a chunk list and returns a ``Search`` (``modes``,
+and ``search(query, mode, k)`` → ranked items). ``MemoryRetriever`` is the stand-in used
+here: Okapi BM25 (k1 = 1.2, b = 0.75, SQLite FTS5's defaults) over the text each chunker
+would embed, dense cosine when an embedder is available (issue 16's
+``pipeline.index.embedders.make_embedder``; without it only ``bm25`` runs), and hybrid =
+reciprocal rank fusion (k = 60) of the two top-50 lists, as ``chunkyard search`` does.
+Ties: score desc, then chunk id asc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from pipeline.errors import PipelineError
+from pipeline.evaluate.chunks import EvalChunk
+from pipeline.evaluate.gold import GoldQuestion, load_gold
+from pipeline.evaluate.metrics import ModeReport, evaluate_run
+
+CORPORA = REPO.parent / "shared" / "corpora"
+GOLD = HERE / "gold"
+RESULTS = HERE / "results"
+DEFAULT_CORPORA = "rust-book,fastapi-en,powershell-docs"
+RRF_K = 60
+POOL = 50
+COLUMNS = ("recall@1", "recall@5", "recall@10", "MRR@10", "nDCG@10", "recall@1000tok", "recall@2000tok")
+
+
+class Search(Protocol):
+    """An index over one chunk list."""
+
+    modes: tuple[str, ...]
+
+    def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
+        """The ``k`` best chunks for ``query`` in ``mode``, as retrieved items (best first)."""
+        ...
+
+
+Retriever = Callable[[Sequence[EvalChunk]], Search]
+Embed = Callable[[Sequence[str]], Any]  #: texts → an (n, dim) array of L2-normalised rows
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def words(text: str) -> list[str]:
+    """The BM25 analyzer: lower-cased Unicode word characters."""
+    return _WORD.findall(text.lower())
+
+
+class MemoryRetriever:
+    """BM25 + optional dense + RRF over one chunk list, in memory (the bench's stand-in for issue 16)."""
+
+    def __init__(self, chunks: Sequence[EvalChunk], embed: Embed | None = None) -> None:
+        self.chunks = list(chunks)
+        self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.lengths = []
+        for i, chunk in enumerate(self.chunks):
+            terms = words(chunk.embed)
+            self.lengths.append(len(terms))
+            for term, tf in Counter(terms).items():
+                self.postings[term].append((i, tf))
+        self.avgdl = sum(self.lengths) / max(1, len(self.lengths))
+        self.embed = embed
+        self.vectors = embed([c.embed for c in self.chunks]) if embed and self.chunks else None
+        self.modes: tuple[str, ...] = ("bm25", "dense", "hybrid") if embed else ("bm25",)
+
+    def bm25(self, query: str, k1: float = 1.2, b: float = 0.75) -> list[tuple[int, float]]:
+        n = len(self.chunks)
+        scores: dict[int, float] = defaultdict(float)
+        for term in set(words(query)):
+            posting = self.postings.get(term, [])
+            idf = math.log((n - len(posting) + 0.5) / (len(posting) + 0.5) + 1.0)
+            for i, tf in posting:
+                norm = k1 * (1.0 - b + b * self.lengths[i] / self.avgdl)
+                scores[i] += idf * tf * (k1 + 1.0) / (tf + norm)
+        return self._top(scores.items())
+
+    def dense(self, query: str) -> list[tuple[int, float]]:
+        assert self.embed is not None and self.vectors is not None
+        sims = self.vectors @ self.embed([query])[0]
+        return self._top(enumerate(sims.tolist()))
+
+    def _top(self, scored: Any, limit: int = POOL) -> list[tuple[int, float]]:
+        ranked = sorted(scored, key=lambda p: (-p[1], self.chunks[p[0]].chunk_id))
+        return ranked[: max(limit, POOL)]
+
+    def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
+        if mode == "bm25":
+            ranked = self.bm25(query)
+        elif mode == "dense":
+            ranked = self.dense(query)
+        else:
+            fused: dict[int, float] = defaultdict(float)
+            for ranking in (self.bm25(query), self.dense(query)):
+                for r, (i, _) in enumerate(ranking[:POOL], 1):
+                    fused[i] += 1.0 / (RRF_K + r)
+            ranked = self._top(fused.items())
+        return [{**self.chunks[i].as_item(), "score": s} for i, s in ranked[:k]]
+
+
+def default_embedder() -> Embed | None:
+    """Issue 16's default embedder (all-MiniLM-L6-v2 int8 ONNX) when the index extra is installed."""
+    try:
+        from pipeline.index.embedders import make_embedder  # type: ignore[import-not-found]
+
+        model = make_embedder(None)
+    except (ImportError, PipelineError) as exc:  # not merged yet, or the extra is missing: BM25 only
+        print(f"  dense/hybrid skipped: no embedder ({exc})", file=sys.stderr)
+        return None
+    return lambda texts: model.embed(list(texts)).vectors
+
+
+def evaluate_chunkers(
+    gold: Sequence[GoldQuestion], chunk_sets: Mapping[str, Sequence[EvalChunk]], retriever: Retriever, k: int = POOL
+) -> dict[str, dict[str, ModeReport]]:
+    """Per chunker and mode: the gold set's scores on what ``retriever`` finds in that chunker's chunks."""
+    out: dict[str, dict[str, ModeReport]] = {}
+    for name, chunks in chunk_sets.items():
+        search = retriever(chunks)
+        out[name] = {}
+        for mode in search.modes:
+            run = {q.id: search(q.question, mode, k) for q in gold}
+            out[name][mode] = evaluate_run(gold, run, mode=mode)
+    return out
+
+
+def paired(a: ModeReport, b: ModeReport, budget: int = 2000) -> dict[str, int]:
+    """Per question, does ``a`` find the answer earlier than ``b`` (rank of first hit; within budget)?"""
+    wins = losses = ties = budget_wins = budget_losses = 0
+    for qa, qb in zip(a.per_query, b.per_query, strict=True):
+        ra, rb = qa.first_hit or 10**6, qb.first_hit or 10**6
+        wins, losses, ties = wins + (ra < rb), losses + (ra > rb), ties + (ra == rb)
+        ina, inb = qa.metrics()[f"recall@{budget}tok"], qb.metrics()[f"recall@{budget}tok"]
+        budget_wins, budget_losses = budget_wins + (ina > inb), budget_losses + (ina < inb)
+    return {"earlier": wins, "later": losses, "same": ties, "budget_wins": budget_wins,
+            "budget_losses": budget_losses}
+
+
+def table(corpus: str, results: Mapping[str, Mapping[str, ModeReport]], stats: Mapping[str, Any]) -> str:
+    """The Markdown table of one corpus (percent), chunkers by hybrid nDCG@10 (or the first mode)."""
+    modes = sorted({m for r in results.values() for m in r}, key=("hybrid", "dense", "bm25").index)
+    head = modes[0]
+    order = sorted(results, key=lambda n: -results[n][head].metrics["nDCG@10"])
+    n = next(iter(next(iter(results.values())).values())).questions
+    lines = [f"### {corpus} ({n} questions)", "",
+             "| chunks from | chunks | mean tokens | mode | " + " | ".join(COLUMNS) + " |",
+             "|---|---:|---:|---|" + "---:|" * len(COLUMNS)]
+    for name in order:
+        for mode in modes:
+            m = results[name][mode].metrics
+            cells = " | ".join(f"{100 * m[c]:.1f}" for c in COLUMNS)
+            s = stats[name]
+            lines.append(f"| {name} | {s['chunks']} | {s['mean_tokens']:.0f} | {mode} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def paired_table(results: Mapping[str, Mapping[str, ModeReport]], ours: str) -> str:
+    """Wins and losses of ``ours`` against each other chunker, question by question, per mode."""
+    if ours not in results:
+        return ""
+    lines = [(f"Paired, {ours} vs each: questions answered earlier / later / same rank; "
+              "within 2,000 tokens: found only by us / only by them"), "",
+             "| vs | mode | earlier | later | same | 2k: only us | 2k: only them |", "|---|---|---:|---:|---:|---:|---:|"]
+    for name, reports in results.items():
+        if name == ours:
+            continue
+        for mode, rep in reports.items():
+            p = paired(results[ours][mode], rep)
+            lines.append(f"| {name} | {mode} | {p['earlier']} | {p['later']} | {p['same']} | "
+                         f"{p['budget_wins']} | {p['budget_losses']} |")
+    return "\n".join(lines) + "\n"
+
+
+def chunk_stats(chunks: Sequence[EvalChunk]) -> dict[str, Any]:
+    from pipeline.stages.tokens import Counter as TokenCounter
+
+    count = TokenCounter("cl100k_base").count
+    tokens = [c.tokens if c.tokens is not None else count(c.text) for c in chunks]
+    return {"chunks": len(chunks), "mean_tokens": sum(tokens) / max(1, len(tokens))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpora", default=DEFAULT_CORPORA)
+    ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
+    ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
+    args = ap.parse_args()
+
+    from retrieval_peers import chunk_sets
+
+    embed = None if args.no_dense else default_embedder()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    scratch = RESULTS / "retrieval-chunks"
+    report = []
+    for corpus in args.corpora.split(","):
+        root, gold_path = CORPORA / corpus, GOLD / f"{corpus}.jsonl"
+        if not root.is_dir() or not gold_path.is_file():
+            print(f"{corpus}: skipped (no corpus at {root} or no gold set at {gold_path})", file=sys.stderr)
+            continue
+        gold = load_gold(gold_path, root)
+        started = time.perf_counter()
+        sets, recovery = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)
+        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed), args.k)
+        stats = {name: chunk_stats(chunks) for name, chunks in sets.items()}
+        text = table(corpus, results, stats) + "\n" + paired_table(results, "chunkyard-256")
+        text += "\nOffsets recovered by search (given / exact / whitespace-blind / anchors / lost): " + ", ".join(
+            f"{n} {r['given']}/{r['exact']}/{r['spacing']}/{r['anchors']}/{r['lost']}" for n, r in recovery.items()
+        ) + "\n"
+        print(text)
+        report.append(text)
+        (RESULTS / f"retrieval-{corpus}.json").write_text(json.dumps({
+            "corpus": corpus, "questions": len(gold), "seconds": round(time.perf_counter() - started, 1),
+            "retriever": "MemoryRetriever (BM25 k1=1.2 b=0.75" + (", dense, RRF k=60)" if embed else ")"),
+            "chunks": stats, "offset_recovery": recovery,
+            "metrics": {n: {m: {"metrics": r.metrics, "strict": r.strict} for m, r in res.items()}
+                        for n, res in results.items()},
+            "per_query": {n: {m: [{"id": s.id, "first_hit": s.first_hit, "fits": dict(s.fits)} for s in r.per_query]
+                              for m, r in res.items()} for n, res in results.items()},
+        }, indent=1) + "\n")
+    (RESULTS / "retrieval.md").write_text("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The retrieval bench's pieces: peers' offsets slice the source exactly, recovery, the retriever seam."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.evaluate.chunks import EvalChunk
+from pipeline.evaluate.gold import parse_gold
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import retrieval
+import retrieval_peers as rp
+
+NEEDS = {
+    "langchain-header-recursive": "langchain_text_splitters",
+    "langchain-recursive": "langchain_text_splitters",
+    "llamaindex-markdown-sentence": "llama_index.core",
+    "chonkie-recursive": "chonkie",
+    "fixed-800-400": "tiktoken",
+    "fixed-256": "tiktoken",
+}
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("name", sorted(rp.PEERS))
+def test_peer_chunks_slice_the_canonical_source(name: str) -> None:
+    if not installed(NEEDS[name]):
+        pytest.skip(f"{NEEDS[name]} is not installed (the bench extra)")
+    docs = rp.documents(ROOT / "corpus")  # includes a BOM + CRLF file and front matter
+    texts = dict(docs)
+    rec = rp.Recovery()
+    chunks = rp.PEERS[name](docs, rec)
+    assert chunks and rec.lost == 0
+    assert {c.source for c in chunks} == set(texts)
+    for c in chunks:
+        assert texts[c.source][c.start : c.end] == c.text
+        assert "".join(c.text.split()) or not c.embed.strip()
+    assert len({c.chunk_id for c in chunks}) == len(chunks)
+
+
+def test_locate_exact_whitespace_blind_anchored_and_lost() -> None:
+    long = " ".join(f"word{i:02d}" for i in range(40))
+    text = f"# T\n\nalpha beta\ngamma delta\n\n{long}\n"
+    rec = rp.Recovery()
+    sk = rp.Skeleton(text)
+    assert rp.locate(text, "gamma delta", 0, lambda: sk, rec) == (text.index("gamma"), text.index("gamma") + 11)
+    span = rp.locate(text, "alpha beta  \ngamma   delta", 0, lambda: sk, rec)  # re-spaced by a splitter
+    assert span is not None and text[span[0] : span[1]] == "alpha beta\ngamma delta"
+    edited = long.replace("word20", "WORD20")  # a splitter that rewrote the middle
+    span = rp.locate(text, edited, 0, lambda: sk, rec)  # head and tail anchors still hold
+    assert span is not None and text[span[0] : span[1]] == long
+    assert rp.locate(text, "nowhere to be found", 0, lambda: sk, rec) is None
+    assert rec.as_dict() == {"given": 0, "exact": 1, "spacing": 1, "anchors": 1, "lost": 1}
+
+
+def chunk(cid: str, source: str, start: int, text: str) -> EvalChunk:
+    return EvalChunk(cid, source, start, start + len(text), text, text)
+
+
+def test_bm25_dense_and_rrf(tmp_path: Path) -> None:
+    texts = ["the borrow checker rejects this code", "lifetimes annotate references", "cargo builds crates"]
+    chunks = [chunk(f"c{i}", "a.md", 100 * i, t) for i, t in enumerate(texts)]
+
+    def embed(batch):  # bag of words hashed into 64 dims: a real (if crude) embedder
+        out = np.zeros((len(batch), 64))
+        for row, t in enumerate(batch):
+            for w in retrieval.words(t):
+                out[row, sum(map(ord, w)) % 64] += 1.0
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+    search = retrieval.MemoryRetriever(chunks, embed)
+    assert search.modes == ("bm25", "dense", "hybrid")
+    assert [i["chunk_id"] for i in search("cargo crates", "bm25", 3)][:1] == ["c2"]
+    assert [i["chunk_id"] for i in search("annotate references", "dense", 3)][:1] == ["c1"]
+    hybrid = search("borrow checker", "hybrid", 3)
+    assert hybrid[0]["chunk_id"] == "c0"
+    # RRF: first in both lists → 2/(60+1)
+    assert hybrid[0]["score"] == pytest.approx(2 / 61)
+    assert retrieval.MemoryRetriever(chunks).modes == ("bm25",)
+
+
+def test_evaluate_chunkers_through_the_seam(tmp_path: Path) -> None:
+    text = "intro words here\n\nthe answer is forty two and more words follow, " + "filler text " * 8
+    (tmp_path / "a.md").write_text(text, encoding="utf-8")
+    gold = parse_gold([json.dumps({"id": "q", "question": "what is the answer?", "source": "a.md",
+                                   "quote": "the answer is forty two and more words follow"})],
+                      "g", tmp_path)
+    whole = [chunk("w0", "a.md", 0, text)]
+    halves = [chunk("h0", "a.md", 0, text[:40]), chunk("h1", "a.md", 40, text[40:])]
+    results = retrieval.evaluate_chunkers(gold, {"whole": whole, "halves": halves}, retrieval.MemoryRetriever)
+    assert results["whole"]["bm25"].metrics["recall@1"] == 1.0
+    p = retrieval.paired(results["whole"]["bm25"], results["halves"]["bm25"])
+    assert p["earlier"] + p["later"] + p["same"] == 1
+    md = retrieval.table("x", results, {n: {"chunks": 1, "mean_tokens": 1.0} for n in results})
+    assert "| whole | 1 | 1 | bm25 | 100.0" in md
