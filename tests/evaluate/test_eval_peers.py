@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pipeline.evaluate.chunks import EvalChunk
@@ -72,6 +71,7 @@ def chunk(cid: str, source: str, start: int, text: str) -> EvalChunk:
 
 
 def test_bm25_dense_and_rrf(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")  # dense vectors: numpy comes with the bench and index extras
     texts = ["the borrow checker rejects this code", "lifetimes annotate references", "cargo builds crates"]
     chunks = [chunk(f"c{i}", "a.md", 100 * i, t) for i, t in enumerate(texts)]
 
