@@ -34,6 +34,8 @@ class EvalChunk:
     embed: str
     """What to embed and index (``embedText``; the text itself for chunkers without one)."""
     tokens: int | None = None
+    rev: str | None = None
+    """The source's ``rev`` when the chunk was made (chunk files carry it; peers do not)."""
 
     def as_item(self) -> dict[str, Any]:
         """A retrieved-item mapping for ``metrics.retrieved_from``."""
@@ -43,6 +45,7 @@ class EvalChunk:
             "offsets": {"start": self.start, "end": self.end},
             "tokens": self.tokens,
             "originalText": self.text,
+            "rev": self.rev,
         }
 
 
@@ -65,6 +68,7 @@ def chunk_from_record(rec: dict[str, Any], where: str, embed_original: bool = Fa
             text=rec["originalText"],
             embed=rec["originalText"] if embed_original else rec["embedText"],
             tokens=rec["tokenStats"]["tokens"],
+            rev=rec.get("rev"),
         )
     except (KeyError, TypeError) as exc:
         raise UsageError(

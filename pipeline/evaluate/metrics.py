@@ -70,8 +70,10 @@ def retrieved_from(item: Mapping[str, Any] | Retrieved, where: str = "item") -> 
     """Read a search result item, a chunk file record or a peer's chunk into ``Retrieved``.
 
     Accepted fields: the id from ``snippet_id``, ``chunk_id`` or ``id``; the corpus-relative
-    path from ``source``, ``metadata.sourceFile`` or ``source_url`` (front matter may set
-    ``source_url`` to a web address, so the path fields win); the span from
+    path from ``file`` (``chunkyard search``), ``metadata.sourceFile`` (a chunk file),
+    ``sourceFile``, ``source`` or ``source_url``, in that order (front matter may set
+    ``source_url`` to a web address, and a search item's ``source`` names the ranker that
+    found it, so the path fields win); the span from
     ``offsets {start, end}``, ``charOffsets {charStart, charEnd}``, ``charStart``/``charEnd``
     or ``start``/``end``; tokens from ``tokens`` or ``tokenStats.tokens``; the score from
     ``score``, ``score_norm`` or ``score_raw``; the text from ``originalText`` or ``text``.
@@ -79,7 +81,7 @@ def retrieved_from(item: Mapping[str, Any] | Retrieved, where: str = "item") -> 
     if isinstance(item, Retrieved):
         return item
     chunk_id = _first(item, "snippet_id", "chunk_id", "id")
-    source = _first(item, "source", "metadata.sourceFile", "sourceFile", "source_url")
+    source = _first(item, "file", "metadata.sourceFile", "sourceFile", "source", "source_url")
     start = _first(item, "offsets.start", "charOffsets.charStart", "charStart", "start")
     end = _first(item, "offsets.end", "charOffsets.charEnd", "charEnd", "end")
     missing = [

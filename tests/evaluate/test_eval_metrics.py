@@ -114,6 +114,11 @@ def test_item_shapes() -> None:
     search_item = {"snippet_id": "s", "source_url": "d.md", "offsets": {"start": 1, "end": 2, "unit": "char"},
                    "tokens": 7, "score_norm": 0.5}
     assert retrieved_from(search_item) == Retrieved("s", "d.md", 1, 2, 7, 0.5)
+    # `chunkyard search` (issue 16): `source` names the ranker, `file` the document
+    search_hit = {"chunk_id": "c", "snippet_id": "c", "source": "hybrid", "file": "guides/a.md",
+                  "source_url": "https://example.com/a", "offsets": {"start": 5, "end": 9, "unit": "char"},
+                  "tokens": 3, "score": 0.03, "score_norm": 0.9, "rev": "0badc0de", "text": "abcd"}
+    assert retrieved_from(search_hit) == Retrieved("c", "guides/a.md", 5, 9, 3, 0.03, "abcd", "0badc0de")
     with pytest.raises(Exception, match="no source, start"):
         retrieved_from({"id": "x"}, "q9: item 1")
     with pytest.raises(Exception, match="token"):
