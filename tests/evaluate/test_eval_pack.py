@@ -95,3 +95,31 @@ def test_beir_export(chunk_dir: Path, tmp_path: Path) -> None:
     assert judged == {q.id for q in gold}  # every question has a relevant chunk
     ids = {c["_id"] for c in corpus}
     assert all(row.split("\t")[1] in ids for row in qrels[1:])
+
+
+def test_run_eval_end_to_end_with_trec_files(chunk_dir: Path, tmp_path: Path) -> None:
+    """A search function over chunkyard's chunk files (word overlap, test-only) through run_eval."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    from pipeline.evaluate.run import run_eval
+
+    chunks = load_chunk_files(chunk_dir)
+
+    def search(query: str, mode: str, k: int):
+        words = set(query.lower().split())
+        scored = sorted(chunks, key=lambda c: (-len(words & set(c.embed.lower().split())), c.chunk_id))
+        ranked = scored if mode == "overlap" else list(reversed(scored))
+        return [{**c.as_item(), "score": float(-n)} for n, c in enumerate(ranked[:k])]
+
+    result = run_eval(GOLD, ROOT / "corpus", search, modes=("overlap", "reversed"), k=30, per_query=True)
+    overlap, rev = result.reports["overlap"].metrics, result.reports["reversed"].metrics
+    assert overlap["recall@10"] > rev["recall@10"]  # the reversed ranking puts the least related first
+    assert result.pack["mode"] == "overlap" and result.pack["dataset"] == "corpus"
+    files = result.trec_files()
+    assert set(files) == {"answer.qrels", "overlap.run", "overlap.answer.run", "reversed.run", "reversed.answer.run"}
+    # trec_eval on the written files gives the pack's numbers
+    qrels = pytrec_eval.parse_qrel(files["answer.qrels"].splitlines())
+    run = pytrec_eval.parse_run([" ".join(line.split()) for line in files["overlap.answer.run"].splitlines()])
+    top10 = {q: dict(sorted(d.items(), key=lambda kv: -kv[1])[:10]) for q, d in run.items()}
+    per_q = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recip_rank"}).evaluate(top10)
+    ndcg = sum(v["ndcg_cut_10"] for v in per_q.values()) / len(result.gold)
+    assert result.pack["nDCG@10"] == pytest.approx(ndcg, abs=1e-5)

@@ -1,0 +1,67 @@
+"""One evaluation, end to end: a gold file, a search function, the modes → reports, the pack, the runs.
+
+``chunkyard eval`` is this plus an index: it hands ``run_eval`` a ``search(query, mode, k)``
+that asks the index (issue 16), and renders the pack. Anything that ranks chunks of the
+same corpus can be evaluated the same way (the bench hands in its peers' retrievers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .export import answer_qrels, answer_run, scored_run, trec_qrels, trec_run
+from .gold import GoldQuestion, Sources, load_gold
+from .metrics import BUDGETS, ModeReport, evaluate_modes
+from .pack import gold_digest, metrics_pack
+
+#: ``search(query, mode, k)`` → ranked items (``metrics.retrieved_from`` shapes).
+SearchFn = Callable[[str, str, int], Sequence[Mapping[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    """What one evaluation produced: the questions, each mode's report and run, and the pack."""
+
+    gold: list[GoldQuestion]
+    reports: dict[str, ModeReport]
+    runs: dict[str, dict[str, list[Mapping[str, Any]]]]
+    pack: dict[str, Any]
+
+    def trec_files(self, tag: str = "chunkyard") -> dict[str, str]:
+        """TREC texts: ``<mode>.run`` (chunk ids, ties made explicit), ``<mode>.answer.run`` and
+        ``answer.qrels`` (the answer-level view whose trec_eval numbers equal the pack's)."""
+        files = {"answer.qrels": trec_qrels(answer_qrels(self.gold))}
+        for mode, run in self.runs.items():
+            files[f"{mode}.run"] = trec_run(scored_run(run), f"{tag}-{mode}")
+            files[f"{mode}.answer.run"] = trec_run(answer_run(self.gold, run), f"{tag}-{mode}")
+        return files
+
+
+def run_eval(
+    gold_path: Path,
+    corpus: Path,
+    search: SearchFn,
+    *,
+    modes: Sequence[str] = ("hybrid", "dense", "bm25"),
+    k: int = 50,
+    budgets: Sequence[int] = BUDGETS,
+    dataset: str | None = None,
+    index: Mapping[str, Any] | None = None,
+    per_query: bool = False,
+) -> EvalResult:
+    """Ask every gold question in every mode and score the answers (``k`` ≥ what fills the budgets)."""
+    gold = load_gold(gold_path, corpus)
+    runs = {mode: {q.id: list(search(q.question, mode, k)) for q in gold} for mode in modes}
+    reports = evaluate_modes(gold, runs, budgets=budgets, sources=Sources(corpus))
+    pack = metrics_pack(
+        reports,
+        dataset=dataset or gold_path.stem,
+        gold_hash=gold_digest(gold_path),
+        index=index,
+        budgets=budgets,
+        per_query=per_query,
+    )
+    return EvalResult(gold, reports, runs, pack)
