@@ -138,7 +138,7 @@ def _failures(store: ChunkStore, known: set[str]) -> list[list[str]]:
         found, problems = discover(store.corpus, store.out)
     except (OSError, PipelineError):
         return []
-    out = [[p, "not readable as a document (discovery)"] for p in problems]
+    out = [[p.split(": ", 1)[0], p] for p in problems]
     for f in found:
         if f.rel_path in known:
             continue
@@ -151,14 +151,20 @@ def _failures(store: ChunkStore, known: set[str]) -> list[list[str]]:
     return out
 
 
-def histogram(tokens: list[int], target: int, bins: int = 20) -> dict[str, Any]:
-    """Token counts in ``bins`` equal bins up to twice the target, and one bin for all above."""
-    top = max(2 * target, 1)
-    width = max(top // bins, 1)
-    counts = [0] * (bins + 1)
+def histogram(tokens: list[int], target: int, per_target: int = 10) -> dict[str, Any]:
+    """Token counts in bins of a tenth of the target up to twice the target, and one bin above.
+
+    Bin ``k`` holds ``k * target / 10 < tokens <= (k + 1) * target / 10`` (bin 0 also holds
+    0): the target is always a bin edge, so the bins past it are exactly the chunks over
+    the budget.
+    """
+    target = max(target, 1)
+    top = 2 * per_target
+    counts = [0] * (top + 1)
     for t in tokens:
-        counts[min(t // width, bins)] += 1
-    return {"width": width, "counts": counts, "target": target}
+        counts[min(max(-(-t * per_target // target) - 1, 0), top)] += 1
+    edges = [k * target // per_target for k in range(top + 1)]
+    return {"edges": edges, "counts": counts, "target": target, "target_bin": per_target}
 
 
 def overview(docs: list[DocView], policy: dict[str, Any], failures: list[list[str]]) -> dict[str, Any]:

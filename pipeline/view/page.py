@@ -59,16 +59,20 @@ def page_bytes(title: str, meta: dict[str, Any], docs: Iterable[tuple[int, dict[
     """The whole page: ``meta`` is the ``cy-meta`` data block; ``docs`` are lazily parsed blocks."""
     script, style = asset("view.js"), asset("view.css")
     head = (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{html.escape(csp(script, style))}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
-        '<noscript>This report needs JavaScript (its own, inline; nothing is loaded).</noscript>\n'
+        "<noscript>This report needs JavaScript (its own, inline; nothing is loaded).</noscript>\n"
         '<div id="app"></div>\n'
     ).encode()
     parts = [head, b'<script type="application/json" id="cy-meta">', json_block(meta), b"</script>\n"]
     for n, doc in docs:
-        parts += [f'<script type="application/json" id="cy-doc-{n}">'.encode(), json_block(doc), b"</script>\n"]
+        parts += [
+            f'<script type="application/json" id="cy-doc-{n}">'.encode(),
+            json_block(doc),
+            b"</script>\n",
+        ]
     parts.append(f"<script>{script}</script>\n</body></html>\n".encode())
     return b"".join(parts)
 
@@ -81,4 +85,6 @@ def write_page(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise PipelineError(f"{path}: cannot write the report ({exc.strerror}); choose a writable --html") from None
+        raise PipelineError(
+            f"{path}: cannot write the report ({exc.strerror}); choose a writable --html"
+        ) from None

@@ -4,7 +4,7 @@
   // attribute values of our own choosing); nothing is ever parsed as HTML.
   var META = JSON.parse(document.getElementById("cy-meta").textContent);
   var app = document.getElementById("app");
-  var PAGE_CHUNKS = 200, PAGE_CHARS = 400000, TABLE_ROWS = 100;
+  var PAGE_CHUNKS = 200, PAGE_CHARS = 400000, TABLE_ROWS = 100, OUTLINE_MAX = 2000;
   var ATOMIC = { code: 1, table: 1, html: 1, formula: 1, image: 1 };
   var docCache = {};
 
@@ -55,10 +55,23 @@
     });
     return out;
   }
+  // Offsets are code points (as in the chunk files); JS strings count UTF-16 units, so
+  // text outside the BMP (emoji, astral CJK) shifts them: map one to the other.
+  function cpMap(text) {
+    var astral = [], re = /[\uD800-\uDBFF][\uDC00-\uDFFF]/g, m, n = 0;
+    while ((m = re.exec(text))) { astral.push(m.index - n); n++; }
+    function u16(cp) {
+      var lo = 0, hi = astral.length;
+      while (lo < hi) { var mid = (lo + hi) >> 1; if (astral[mid] < cp) lo = mid + 1; else hi = mid; }
+      return cp + lo;
+    }
+    return { length: text.length - astral.length, u16: astral.length ? u16 : function (cp) { return cp; } };
+  }
   function loadDoc(i) {
     if (!(i in docCache)) {
       var node = document.getElementById("cy-doc-" + i);
       docCache[i] = node ? JSON.parse(node.textContent) : null;
+      if (docCache[i]) docCache[i].map = cpMap(docCache[i].text);
     }
     return docCache[i];
   }
@@ -66,7 +79,7 @@
   // ---------------------------------------------------------------- text with bands
   // Cut [from, to) of `text` at every chunk and atomic-block edge; each piece is one span
   // with data-s/data-e (its offsets) and data-c (the chunks covering it).
-  function bands(text, from, to, chunks, blocks, opts) {
+  function bands(text, map, from, to, chunks, blocks, opts) {
     var cuts = {}, i, j;
     cuts[from] = 1; cuts[to] = 1;
     var live = [];
@@ -95,7 +108,7 @@
       }
       for (j = 0; j < atoms.length; j++) if (atoms[j][1] <= s && atoms[j][2] >= e) atom = atoms[j];
       var span = el("span");
-      span.textContent = text.slice(s, e);
+      span.textContent = text.slice(map.u16(s), map.u16(e));
       span.setAttribute("data-s", s);
       span.setAttribute("data-e", e);
       if (cover.length) {
@@ -125,7 +138,7 @@
       since++;
       if ((since > PAGE_CHUNKS || c[0] - last >= PAGE_CHARS) && c[0] > last) { starts.push(c[0]); last = c[0]; since = 1; }
     });
-    starts.push(doc.text.length);
+    starts.push(doc.map.length);
     return starts;
   }
   function atomicBlocks(doc) {
@@ -161,7 +174,7 @@
     var nav = el("nav", "outline");
     add(nav, el("div", "mute", "Sections"));
     var stack = [{ depth: 0, node: nav }];
-    doc.outline.forEach(function (o, k) {
+    doc.outline.slice(0, OUTLINE_MAX).forEach(function (o, k) {
       while (stack.length > 1 && stack[stack.length - 1].depth >= o[1]) stack.pop();
       var next = doc.outline[k + 1], a = link(o[2] || "(untitled)", "#doc=" + di + "&at=" + o[3]);
       a.title = "section " + o[0];
@@ -173,6 +186,7 @@
       } else add(stack[stack.length - 1].node, add(el("div", "leaf"), a));
     });
     if (!doc.outline.length) add(nav, el("div", "mute", "(no headings)"));
+    if (doc.outline.length > OUTLINE_MAX) add(nav, el("div", "mute", "… and " + fmt(doc.outline.length - OUTLINE_MAX) + " more sections (use the pages)"));
     return nav;
   }
 
@@ -192,7 +206,7 @@
   function drawDoc(doc, di, pages, page, row) {
     clear(app);
     var tokens = doc.chunks.reduce(function (a, c) { return a + c[2]; }, 0);
-    var extras = [link("← overview", "#"), el("span", "mute", fmt(doc.chunks.length) + " chunks · " + fmt(tokens) + " tokens · " + fmt(doc.text.length) + " chars")];
+    var extras = [link("← overview", "#"), el("span", "mute", fmt(doc.chunks.length) + " chunks · " + fmt(tokens) + " tokens · " + fmt(doc.map.length) + " chars")];
     if (di > 0) extras.push(link("‹ prev", "#doc=" + (di - 1)));
     if (di + 1 < META.overview.table.length) extras.push(link("next ›", "#doc=" + (di + 1)));
     if (doc.stale) extras.push(el("span", "warn", doc.stale + " chunk(s) no longer match the source: re-run ingest"));
@@ -216,7 +230,7 @@
     box.setAttribute("data-doc", di);
     box.setAttribute("data-from", pages[page]);
     box.setAttribute("data-to", pages[page + 1]);
-    var built = bands(doc.text, pages[page], pages[page + 1], doc.chunks, atomicBlocks(doc));
+    var built = bands(doc.text, doc.map, pages[page], pages[page + 1], doc.chunks, atomicBlocks(doc));
     box.appendChild(built.frag);
     add(mid, box);
     current = { di: di, page: page, spans: built.spans, pinned: null, hl: [] };
@@ -257,25 +271,28 @@
 
   // ---------------------------------------------------------------- overview
   function histogramSvg(h) {
-    var W = 640, H = 180, pad = 30, n = h.counts.length, bw = (W - pad) / n;
+    var W = 900, H = 200, pad = 44, n = h.counts.length, bw = (W - pad - 10) / n;
     var max = Math.max.apply(null, h.counts.concat([1]));
-    var s = svgEl("svg", { "class": "chart", width: "100%", viewBox: "0 0 " + W + " " + (H + 34) });
+    var s = svgEl("svg", { "class": "chart", width: "100%", viewBox: "0 0 " + W + " " + (H + 40) });
     s.style.maxWidth = W + "px";
     h.counts.forEach(function (c, i) {
-      var bh = Math.round((H - 10) * c / max), x = pad + i * bw;
-      var r = svgEl("rect", { "class": "bar" + (i * h.width >= h.target ? " over" : ""), x: x + 1, y: H - bh, width: Math.max(bw - 2, 1), height: bh });
-      var t = svgEl("title", {}); t.textContent = (i < n - 1 ? (i * h.width) + "–" + ((i + 1) * h.width - 1) : "≥ " + (i * h.width)) + " tokens: " + c + " chunks";
+      var bh = c ? Math.max(1, Math.round((H - 14) * c / max)) : 0, x = pad + i * bw;
+      var r = svgEl("rect", { "class": "bar" + (i >= h.target_bin ? " over" : ""), x: x + 1, y: H - bh, width: Math.max(bw - 2, 1), height: bh });
+      r.setAttribute("data-count", c);
+      var t = svgEl("title", {});
+      t.textContent = (i < n - 1 ? (i ? h.edges[i] + 1 : 0) + "–" + h.edges[i + 1] : "> " + h.edges[i]) + " tokens: " + fmt(c) + " chunks";
       r.appendChild(t); s.appendChild(r);
       if (i % 2 === 0 || i === n - 1) {
-        var lab = svgEl("text", { x: x + bw / 2, y: H + 14, "text-anchor": "middle" });
-        lab.textContent = i < n - 1 ? String(i * h.width) : "≥" + (i * h.width); s.appendChild(lab);
+        var lab = svgEl("text", { x: x, y: H + 14, "text-anchor": "middle" });
+        lab.textContent = i < n - 1 ? String(h.edges[i]) : ">" + h.edges[i]; s.appendChild(lab);
       }
     });
-    var tx = pad + (h.target / h.width) * bw;
+    var tx = pad + h.target_bin * bw;
     s.appendChild(svgEl("line", { "class": "target", x1: tx, x2: tx, y1: 0, y2: H }));
-    var tl = svgEl("text", { x: tx + 4, y: 12 }); tl.textContent = "target " + h.target; s.appendChild(tl);
-    var ml = svgEl("text", { x: 0, y: 12 }); ml.textContent = String(max); s.appendChild(ml);
-    var xl = svgEl("text", { x: W / 2, y: H + 30, "text-anchor": "middle" }); xl.textContent = "tokens per chunk (embedText)"; s.appendChild(xl);
+    var tl = svgEl("text", { x: tx + 4, y: 12 }); tl.textContent = "target " + h.target + " (orange: over it)"; s.appendChild(tl);
+    var ml = svgEl("text", { x: pad - 6, y: 14, "text-anchor": "end" }); ml.textContent = fmt(max); s.appendChild(ml);
+    var zl = svgEl("text", { x: pad - 6, y: H, "text-anchor": "end" }); zl.textContent = "0"; s.appendChild(zl);
+    var xl = svgEl("text", { x: W / 2, y: H + 34, "text-anchor": "middle" }); xl.textContent = "tokens per chunk (embedText); bar height: chunks"; s.appendChild(xl);
     return s;
   }
 
@@ -299,9 +316,8 @@
      ["over target", O.over_budget_total], ["failed", O.failures.length]].forEach(function (c) {
       add(cards, add(el("div", "card"), el("b", null, fmt(c[1] || 0)), el("span", "mute", c[0])));
     });
-    add(main, cards);
+    add(main, cards, el("h2", null, "Token sizes against the target"), histogramSvg(O.histogram));
     var grid = el("div", "grid");
-    add(grid, add(el("section"), el("h2", null, "Token sizes against the target"), histogramSvg(O.histogram)));
     add(grid, add(el("section"), el("h2", null, "Chunk types"), table(["block_type", "chunks"], O.chunk_types.map(function (r) { return [r[0], fmt(r[1])]; }), [0, 1]),
                   el("h2", null, "Blocks inside chunks"), table(["type", "blocks"], O.block_types.map(function (r) { return [r[0], fmt(r[1])]; }), [0, 1])));
     add(grid, add(el("section"), el("h2", null, "Largest chunks"), table(["where", "id", "tokens"], chunkRows(O.largest), [0, 0, 1])));
@@ -349,7 +365,8 @@
   function contextBox(ctx) {
     var box = el("div", "doctext");
     var chunk = [[ctx.hit_start, ctx.hit_end, 0, "", "", "", "", "", "", [], 0, 0, ""]];
-    box.appendChild(bands(ctx.text, 0, ctx.text.length, chunk.map(function (c) { return [c[0] - ctx.offset, c[1] - ctx.offset].concat(c.slice(2)); }), [],
+    var map = cpMap(ctx.text);
+    box.appendChild(bands(ctx.text, map, 0, map.length, chunk.map(function (c) { return [c[0] - ctx.offset, c[1] - ctx.offset].concat(c.slice(2)); }), [],
                           { hit: [ctx.hit_start - ctx.offset, ctx.hit_end - ctx.offset] }).frag);
     box.setAttribute("data-offset", ctx.offset);
     return box;
