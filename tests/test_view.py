@@ -169,6 +169,16 @@ def test_terminal_bands_alternate_and_controls_are_shown_as_symbols(store_dir: P
     assert "window.__pwned = 1" in shown and "\x1b" not in shown
 
 
+def test_histogram_bins_end_at_the_target() -> None:
+    from pipeline.view.collect import histogram
+
+    h = histogram([0, 1, 51, 52, 511, 512, 513, 1024, 1025, 90_000], 512)
+    assert h["target_bin"] == 10 and h["edges"][10] == 512 and len(h["counts"]) == 21
+    assert h["counts"][0] == 3 and h["counts"][1] == 1  # 0, 1, 51 | 52 (51.2 is the edge)
+    assert h["counts"][9] == 2 and h["counts"][10] == 1  # 511, 512 at or under the target | 513
+    assert h["counts"][19] == 1 and h["counts"][20] == 2  # 1024 | 1025 and 90 000
+
+
 def test_terminal_marks_overlaps() -> None:
     from pipeline.view.collect import DocView
 

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,13 @@ def assert_clean(browser: Browser) -> None:
     assert browser.evaluate("document.querySelectorAll('iframe, img, textarea, .doctext script, .doctext a').length") == 0
 
 
+def wait_for(browser: Browser, expression: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not browser.evaluate(expression):
+        assert time.monotonic() < deadline, f"never true: {expression}"
+        time.sleep(0.02)
+
+
 def pin_first_band(browser: Browser, chunk: int = 0) -> None:
     browser.evaluate(
         f"(function(){{var s=document.querySelector('.seg[data-c=\"{chunk}\"]')||document.querySelector('.seg[data-c]');"
@@ -185,6 +193,18 @@ def test_hostile_corpus(browser: Browser, artifacts: Path, tmp_path: Path) -> No
     open_page(browser, html)
     browser.screenshot(artifacts / "view-hostile-overview.png")
     assert check_bands(browser, store) > 0
+    assert_clean(browser)
+    # the outline of a long document jumps to a heading on a later page
+    di = doc_index(store, "headings_2k.md")
+    open_page(browser, html, f"#doc={di}")
+    assert browser.evaluate("document.querySelectorAll('nav.outline a').length") == 2000
+    last = browser.evaluate("(function(){var a=document.querySelectorAll('nav.outline a'); a[a.length-1].click();"
+                            "return a[a.length-1].getAttribute('href');})()")
+    at = int(last.rsplit("at=", 1)[1])
+    source = store.source("headings_2k.md")
+    assert source is not None and source.text[at:].split("\n", 1)[0].endswith("# Heading 1999")
+    wait_for(browser, "+document.querySelector('.doctext').getAttribute('data-from') > 0")
+    assert browser.evaluate("+document.querySelector('.seg.target-flash').getAttribute('data-s')") == at
     assert_clean(browser)
     for rel, name in (("unicode_odd.md", "rtl"), ("controls.md", "controls"), ("line_10mb.md", "line-10mb")):
         open_page(browser, html, f"#doc={doc_index(store, rel)}")

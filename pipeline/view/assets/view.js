@@ -282,6 +282,10 @@
       var t = svgEl("title", {});
       t.textContent = (i < n - 1 ? (i ? h.edges[i] + 1 : 0) + "–" + h.edges[i + 1] : "> " + h.edges[i]) + " tokens: " + fmt(c) + " chunks";
       r.appendChild(t); s.appendChild(r);
+      if (c) {
+        var cl = svgEl("text", { x: x + bw / 2, y: H - bh - 3, "text-anchor": "middle", "class": "count" });
+        cl.textContent = fmt(c); s.appendChild(cl);
+      }
       if (i % 2 === 0 || i === n - 1) {
         var lab = svgEl("text", { x: x, y: H + 14, "text-anchor": "middle" });
         lab.textContent = i < n - 1 ? String(h.edges[i]) : ">" + h.edges[i]; s.appendChild(lab);
