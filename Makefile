@@ -5,6 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORPUS ?= corpus
 OUT    ?= chunks
+CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: install ingest test lint bench bench-watch bench-view fuzz watch clean browser
 
@@ -25,7 +26,7 @@ watch: $(STAMP) ## keep chunks/ current while corpus/ is edited
 # Debian's Chromium for tests/test_view_browser.py: installed when missing and we are root
 # (apt-get); otherwise those tests skip and say why.
 browser:
-	@if [ -x /usr/bin/chromium ] || command -v chromium >/dev/null 2>&1; then :; \
+	@if [ -x "$(CHROMIUM)" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "make browser: installing Debian's chromium for the browser tests"; \
 	  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null \

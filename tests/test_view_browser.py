@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,7 +184,18 @@ def test_sample_corpus(browser: Browser, artifacts: Path, tmp_path: Path) -> Non
     assert_clean(browser)
 
 
-def test_hostile_corpus(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def hostile_dir() -> Iterator[Path]:
+    """A temp folder removed with ``rm -rf``: the hostile corpus nests folders deeper than
+    ``shutil.rmtree`` (pytest's cleanup) can recurse."""
+    path = Path(tempfile.mkdtemp(prefix="chunkyard-view-hostile-"))
+    yield path
+    subprocess.run(["chmod", "-R", "u+rwx", str(path)], capture_output=True, check=False)
+    subprocess.run(["rm", "-rf", str(path)], capture_output=True, check=False)
+
+
+def test_hostile_corpus(browser: Browser, artifacts: Path, hostile_dir: Path) -> None:
+    tmp_path = hostile_dir
     corpus = tmp_path / "corpus"
     make_hostile_corpus(corpus, small=True)
     (corpus / "line_10mb.md").write_bytes(CONTENT["line_10mb.md"]())
@@ -290,9 +302,12 @@ def test_eval_page(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
     )
     want = [[m, run, v] for m in ("recall@10", "MRR@10", "nDCG@10") for run, vals in pack["chunkers"].items() for v in [vals[m]]]  # type: ignore[attr-defined]
     assert bars == want
-    assert browser.evaluate("[...document.querySelectorAll('.q > .ok, .q > .miss')].map(e => e.textContent).join('|')") == (
-        "hit at rank 2|hit at rank 1|miss"
+    verdicts = browser.evaluate(
+        "[...document.querySelectorAll('.q')].map(q => q.getAttribute('data-qid') + ':' + "
+        "[...q.querySelectorAll('.run')].map(r => r.getAttribute('data-run') + '=' + r.querySelector('.ok, .miss').textContent)"
+        ".join(',')).join('|')"
     )
+    assert verdicts == "q1:dense=hit at rank 2,hybrid=hit at rank 1|q2:dense=miss"
     browser.screenshot(artifacts / "view-eval.png")
     browser.evaluate("document.getElementById('misses').click()")
     assert browser.evaluate("document.querySelectorAll('.q').length") == 1

@@ -51,7 +51,7 @@
     var out = {};
     location.hash.replace(/^#/, "").split("&").forEach(function (kv) {
       var i = kv.indexOf("=");
-      if (i > 0) out[kv.slice(0, i)] = decodeURIComponent(kv.slice(i + 1));
+      if (i > 0) { try { out[kv.slice(0, i)] = decodeURIComponent(kv.slice(i + 1)); } catch (e) { /* a hand-typed bad escape */ } }
     });
     return out;
   }
@@ -432,23 +432,37 @@
     add(main, el("h2", null, "Per question"), add(el("div"), only, lab));
     var list = el("div");
     add(main, list);
+    // one box per question, one column per run (mode, chunker) in the order they come
+    var order = [], byId = {};
+    E.queries.forEach(function (q) {
+      if (!byId[q.id]) { byId[q.id] = []; order.push(q.id); }
+      byId[q.id].push(q);
+    });
+    function runColumn(q) {
+      var col = el("div", "run");
+      col.setAttribute("data-run", q.mode || "");
+      add(col, el("div", "mute", q.mode || "run"), el("div", q.first_hit ? "ok" : "miss", q.first_hit ? "hit at rank " + q.first_hit : "miss"));
+      var ol = el("ol");
+      (q.items || []).forEach(function (it) {
+        var li = el("li", it.hit ? "ok" : null);
+        add(li, el("span", null, (it.hit ? "✓ " : "✗ ") + (it.source_url || it.source || "") + (it.offsets ? " [" + it.offsets.start + ", " + it.offsets.end + ")" : "")),
+            el("div", "mute", (it.snippet_id || it.chunk_id || "") + (it.score_norm !== undefined ? " · " + it.score_norm : "")));
+        ol.appendChild(li);
+      });
+      return add(col, ol);
+    }
     function draw() {
       clear(list);
-      E.queries.forEach(function (q) {
-        if (only.checked && q.first_hit) return;
+      order.forEach(function (id) {
+        var runs = byId[id], q = runs[0];
+        if (only.checked && runs.every(function (r) { return r.first_hit; })) return;
         var box = el("div", "q");
-        box.setAttribute("data-qid", q.id);
-        add(box, add(el("div"), el("b", null, q.id + " "), el("span", null, q.question || ""), el("span", "mute", q.mode ? "  [" + q.mode + "]" : "")));
+        box.setAttribute("data-qid", id);
+        add(box, add(el("div"), el("b", null, id + " "), el("span", null, q.question || "")));
         add(box, el("div", "mute", "answer: " + (q.source || "") + (q.quote ? " — “" + q.quote + "”" : q.start !== undefined ? " [" + q.start + ", " + q.end + ")" : "")));
-        add(box, el("div", q.first_hit ? "ok" : "miss", q.first_hit ? "hit at rank " + q.first_hit : "miss"));
-        var ol = el("ol");
-        (q.items || []).forEach(function (it) {
-          var li = el("li", it.hit ? "ok" : null);
-          add(li, el("span", null, (it.hit ? "✓ " : "✗ ") + (it.source_url || it.source || "") + (it.offsets ? " [" + it.offsets.start + ", " + it.offsets.end + ")" : "")),
-              el("span", "mute", "  " + (it.snippet_id || it.chunk_id || "") + (it.score_norm !== undefined ? " · " + it.score_norm : "")));
-          ol.appendChild(li);
-        });
-        add(box, ol);
+        var cols = el("div", "runs");
+        runs.forEach(function (r) { cols.appendChild(runColumn(r)); });
+        add(box, cols);
         list.appendChild(box);
       });
     }
