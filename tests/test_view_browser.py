@@ -308,6 +308,7 @@ def test_eval_page(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
         ".join(',')).join('|')"
     )
     assert verdicts == "q1:dense=hit at rank 2,hybrid=hit at rank 1|q2:dense=miss"
+    assert "2 questions · 2 run(s)" in browser.evaluate("document.querySelector('header').textContent")
     browser.screenshot(artifacts / "view-eval.png")
     browser.evaluate("document.getElementById('misses').click()")
     assert browser.evaluate("document.querySelectorAll('.q').length") == 1

@@ -421,7 +421,7 @@
   function renderEval() {
     clear(app);
     var E = META.eval, series = E.series, metrics = E.metrics;
-    add(app, topbar("Evaluation" + (E.dataset ? ": " + E.dataset : ""), [el("span", "mute", fmt(E.queries.length) + " questions · " + Object.keys(series).length + " run(s)")]));
+    add(app, topbar("Evaluation" + (E.dataset ? ": " + E.dataset : ""), [el("span", "mute", fmt(new Set(E.queries.map(function (q) { return q.id; })).size) + " questions · " + Object.keys(series).length + " run(s) in the metrics pack")]));
     var main = el("main"), grid = el("div", "grid");
     add(app, main);
     add(main, el("h2", null, "Metrics per run"));
