@@ -263,9 +263,66 @@ def test_metric_series_flat_and_nested() -> None:
     flat = {"$schema": "https://wfgy.dev/schemas/metrics-1.0.json", "dataset": "gold", "recall@50": 0.91}
     assert metric_series(flat) == {"all": {"recall@50": 0.91}}
     nested = {"dataset": "gold", "modes": {"dense": {"MRR@10": 0.5}, "hybrid": {"MRR@10": 0.7, "n": 3}}}
-    assert metric_series(nested) == {"dense": {"MRR@10": 0.5}, "hybrid": {"MRR@10": 0.7, "n": 3.0}}
+    assert metric_series(nested) == {"dense": {"MRR@10": 0.5}, "hybrid": {"MRR@10": 0.7}}
     per_chunker = {"md-heading-v1": {"recall@10": 0.8}, "langchain": {"recall@10": 0.6}, "flag": True}
     assert metric_series(per_chunker) == {"md-heading-v1": {"recall@10": 0.8}, "langchain": {"recall@10": 0.6}}
+    packs = {"md-heading-v1": PACK, "langchain": {**PACK, "modes": {"bm25": PACK["modes"]["bm25"]}}}
+    assert list(metric_series(packs)) == ["md-heading-v1 · hybrid", "md-heading-v1 · bm25", "langchain · bm25"]
+
+
+METRICS = {"recall@1": 0.5, "recall@5": 1.0, "recall@10": 1.0, "MRR@10": 0.75, "nDCG@10": 0.8155, "recall@1000tok": 1.0}
+
+#: chunkyard's own pack (issue 17, schemas/metrics.schema.json), two questions, two modes
+PACK: dict = {
+    "$schema": "https://chunkyard.dev/schemas/metrics.schema.json", "schema_version": "1.0.0",
+    "event": "eval.run", "ts": "2026-11-25T07:00:00Z", "trace_id": "0b8f7a52-0c43-4d0e-9d7e-3f8f1b3c2a10",
+    "agent_id": "system", "mem_rev": None, "mem_hash": "sha256:" + "0" * 64, "dataset": "corpus-gold",
+    "questions": 2, "hit_rule": {"coverage": 0.5, "strict_coverage": 1.0, "unit": "char"},
+    "budgets": {"tokens": [1000, 2000], "tokenizer": "cl100k_base"}, "index": None, "mode": "hybrid",
+    **METRICS,
+    "modes": {
+        "hybrid": {"questions": 2, "metrics": METRICS, "strict": {**METRICS, "recall@1": 0.0}},
+        "bm25": {"questions": 2, "metrics": {**METRICS, "MRR@10": 0.5}, "strict": METRICS},
+    },
+    "per_query": [
+        {"mode": "hybrid", "id": "q1", "retrieved": 10, "first_hit": 1, "first_full_hit": 2, "citation": True, "metrics": METRICS},
+        {"mode": "hybrid", "id": "q2", "retrieved": 10, "first_hit": 2, "first_full_hit": None, "citation": False, "metrics": METRICS},
+        {"mode": "bm25", "id": "q1", "retrieved": 10, "first_hit": None, "first_full_hit": None, "citation": None, "metrics": METRICS},
+    ],
+}  # fmt: skip
+
+
+def test_render_eval_reads_chunkyards_metrics_pack() -> None:
+    meta = data_blocks(render_eval(PACK))["cy-meta"]
+    assert isinstance(meta, dict)
+    ev = meta["eval"]
+    assert ev["series"] == {"hybrid": METRICS, "bm25": {**METRICS, "MRR@10": 0.5}}
+    assert ev["metrics"] == list(METRICS)
+    rows = [(q["mode"], q["id"], q["first_hit"], q["citation"]) for q in ev["queries"]]
+    assert rows == [("hybrid", "q1", 1, True), ("hybrid", "q2", 2, False), ("bm25", "q1", None, None)]
+
+
+def test_eval_rows_from_gold_and_runs() -> None:
+    from types import SimpleNamespace
+
+    from pipeline.view.results import eval_rows
+
+    start = SOURCE.index("Hardware")
+    gold = [SimpleNamespace(id="q1", question="Which keys?", source="handbook.md", start=start, end=start + 8, text="Hardware")]
+    search_item = {"file": "handbook.md", "source": "bm25", "source_url": "https://example.org/hb",
+                   "chunk_id": "handbook|r=1|s=1|p=000|b=000", "charStart": start, "charEnd": start + 40}  # fmt: skip
+    runs = {"bm25": {"q1": [payload(0, 6, 1), search_item]}, "hybrid": {}}
+    rows = eval_rows(gold, runs)
+    assert [(r["mode"], len(r["items"]), r["quote"]) for r in rows] == [("bm25", 2, "Hardware"), ("hybrid", 0, "Hardware")]
+    no_rows = {k: v for k, v in PACK.items() if k != "per_query"}
+    meta = data_blocks(render_eval(no_rows, rows))["cy-meta"]
+    q = meta["eval"]["queries"]  # type: ignore[index]
+    assert [it["hit"] for it in q[0]["items"]] == [False, True]  # the path is `file`, not source/source_url
+    assert q[0]["items"][1]["path"] == "handbook.md" and q[0]["items"][1]["start"] == start
+    assert [r["first_hit"] for r in q] == [2, None]
+    # the pack's rows fill in what the entries lack: ranks of the whole answer, the citation check
+    filled = data_blocks(render_eval(PACK, rows))["cy-meta"]["eval"]["queries"]  # type: ignore[index]
+    assert filled[1]["first_full_hit"] == 2 and filled[1]["citation"] is True
 
 
 def test_render_eval_marks_hits_by_the_gold_rule() -> None:

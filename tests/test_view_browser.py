@@ -313,3 +313,41 @@ def test_eval_page(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
     browser.evaluate("document.getElementById('misses').click()")
     assert browser.evaluate("document.querySelectorAll('.q').length") == 1
     assert_clean(browser)
+
+
+def test_eval_page_of_chunkyards_pack(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from pipeline.view.results import eval_rows
+
+    start = SOURCE.index("Hardware")
+    gold = [
+        SimpleNamespace(id="q1", question="Which keys?", source="handbook.md", start=start, end=start + 8, text="Hardware"),
+        SimpleNamespace(id="q2", question="How often to rotate?", source="handbook.md", start=SOURCE.index("yearly"),
+                        end=SOURCE.index("yearly") + 6, text="yearly"),
+    ]  # fmt: skip
+    item = {"file": "handbook.md", "source": "bm25", "chunk_id": "handbook|r=1|s=1|p=000|b=000",
+            "offsets": {"start": start, "end": start + 47, "unit": "char"}, "score": 0.9}  # fmt: skip
+    runs = {"hybrid": {"q1": [item], "q2": [item]}, "bm25": {"q1": [payload(0, 6, 1), item], "q2": []}}
+    metrics = {"recall@1": 0.5, "recall@5": 0.5, "recall@10": 0.5, "MRR@10": 0.5, "nDCG@10": 0.5}
+    pack = {
+        "dataset": "corpus-gold", "mode": "hybrid", "questions": 2, **metrics,
+        "hit_rule": {"coverage": 0.5, "strict_coverage": 1.0, "unit": "char"},
+        "modes": {"hybrid": {"questions": 2, "metrics": metrics, "strict": metrics},
+                  "bm25": {"questions": 2, "metrics": {**metrics, "MRR@10": 0.25}, "strict": metrics}},
+        "per_query": [{"mode": "hybrid", "id": "q1", "retrieved": 1, "first_hit": 1, "first_full_hit": 1,
+                       "citation": True, "metrics": metrics}],
+    }  # fmt: skip
+    html = tmp_path / "eval.html"
+    html.write_bytes(render_eval(pack, eval_rows(gold, runs)))
+    open_page(browser, html)
+    assert browser.evaluate("document.querySelectorAll('svg rect.bar').length") == 2 * 5
+    verdicts = browser.evaluate(
+        "[...document.querySelectorAll('.q')].map(q => q.getAttribute('data-qid') + ':' + "
+        "[...q.querySelectorAll('.run')].map(r => r.getAttribute('data-run') + '=' + r.querySelector('.ok, .miss').textContent)"
+        ".join(',')).join('|')"
+    )
+    assert verdicts == "q1:hybrid=hit at rank 1,bm25=hit at rank 2|q2:hybrid=miss,bm25=miss"
+    assert "citation verified" in browser.evaluate("document.querySelector('.run').textContent")
+    browser.screenshot(artifacts / "view-eval-pack.png")
+    assert_clean(browser)

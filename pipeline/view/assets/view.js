@@ -388,10 +388,10 @@
     items.forEach(function (it, n) {
       var card = el("div", "hitcard");
       card.setAttribute("data-rank", n + 1);
-      var where = (it.source_url || it.doc_id || "") + (it.offsets ? " [" + it.offsets.start + ", " + it.offsets.end + ")" : "");
+      var ctx = META.contexts[n];
+      var where = ctx ? ctx.path + " [" + ctx.hit_start + ", " + ctx.hit_end + ")" : (it.source_url || it.doc_id || "");
       add(card, add(el("div"), el("b", null, "#" + (it.k_final || n + 1) + " "), el("span", null, where),
                     el("span", "mute", "  score " + (it.score_norm !== undefined ? it.score_norm : it.score_raw !== undefined ? it.score_raw : "?") + " · section " + (it.section_id || ""))));
-      var ctx = META.contexts[n];
       if (ctx) add(card, contextBox(ctx));
       else if (it.text) add(card, el("div", "doctext", it.text));
       else add(card, el("div", "mute", "(source not available: no text to show)"));
@@ -441,12 +441,17 @@
     function runColumn(q) {
       var col = el("div", "run");
       col.setAttribute("data-run", q.mode || "");
-      add(col, el("div", "mute", q.mode || "run"), el("div", q.first_hit ? "ok" : "miss", q.first_hit ? "hit at rank " + q.first_hit : "miss"));
+      var extra = [];
+      if (q.first_full_hit !== undefined) extra.push("whole answer: " + (q.first_full_hit ? "rank " + q.first_full_hit : "never"));
+      if (q.citation !== undefined && q.citation !== null) extra.push("citation " + (q.citation ? "verified" : "does not match the source"));
+      if (q.retrieved !== undefined) extra.push(q.retrieved + " retrieved");
+      add(col, el("div", "mute", q.mode || "run"), el("div", q.first_hit ? "ok" : "miss", q.first_hit ? "hit at rank " + q.first_hit : "miss"),
+          extra.length ? el("div", "mute", extra.join(" · ")) : null);
       var ol = el("ol");
       (q.items || []).forEach(function (it) {
         var li = el("li", it.hit ? "ok" : null);
-        add(li, el("span", null, (it.hit ? "✓ " : "✗ ") + (it.source_url || it.source || "") + (it.offsets ? " [" + it.offsets.start + ", " + it.offsets.end + ")" : "")),
-            el("div", "mute", (it.snippet_id || it.chunk_id || "") + (it.score_norm !== undefined ? " · " + it.score_norm : "")));
+        add(li, el("span", null, (it.hit ? "✓ " : "✗ ") + it.path + (it.start !== null ? " [" + it.start + ", " + it.end + ")" : "")),
+            el("div", "mute", it.id + (it.score !== null ? " · score " + it.score : "")));
         ol.appendChild(li);
       });
       return add(col, ol);
