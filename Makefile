@@ -7,7 +7,8 @@ CORPUS ?= corpus
 OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install ingest test lint bench bench-watch bench-view fuzz watch clean browser
+.PHONY: install ingest test lint bench bench-watch fuzz watch clean
+.PHONY: browser bench-view
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
