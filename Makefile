@@ -8,7 +8,6 @@ OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: install ingest test lint bench bench-watch fuzz watch clean
-.PHONY: browser bench-view
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +22,9 @@ ingest: $(STAMP) ## chunk corpus/ into chunks/
 
 watch: $(STAMP) ## keep chunks/ current while corpus/ is edited
 	$(BIN)/chunkyard watch $(CORPUS) --out $(OUT)
+
+# the browser tests' and the report benchmark's targets
+.PHONY: browser bench-view
 
 # Debian's Chromium for tests/test_view_browser.py: installed when missing and we are root
 # (apt-get); otherwise those tests skip and say why.
