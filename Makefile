@@ -5,6 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CORPUS ?= corpus
 OUT    ?= chunks
+CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: install ingest test lint bench bench-watch bench-retrieval fuzz watch clean
 
@@ -22,7 +23,20 @@ ingest: $(STAMP) ## chunk corpus/ into chunks/
 watch: $(STAMP) ## keep chunks/ current while corpus/ is edited
 	$(BIN)/chunkyard watch $(CORPUS) --out $(OUT)
 
-test: $(STAMP) ## lint, type-check and run every test
+# the browser tests' and the report benchmark's targets
+.PHONY: browser bench-view
+
+# Debian's Chromium for tests/test_view_browser.py: installed when missing and we are root
+# (apt-get); otherwise those tests skip and say why.
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "make browser: installing Debian's chromium for the browser tests"; \
+	  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null \
+	    || echo "make browser: chromium could not be installed; the browser tests will skip"; \
+	else echo "make browser: no chromium, and not root with apt-get; the browser tests will skip"; fi
+
+test: $(STAMP) browser ## lint, type-check and run every test
 	$(BIN)/ruff check pipeline tests bench
 	$(BIN)/mypy pipeline
 	$(BIN)/pytest -q
@@ -41,6 +55,9 @@ bench-retrieval: $(STAMP) ## recall/nDCG of chunkyard's chunks vs LangChain, Lla
 
 bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and a 700 KB document
 	$(BIN)/python bench/watch_latency.py
+
+bench-view: $(STAMP) browser ## report size and time to open it in headless Chromium, all ../shared/corpora
+	$(BIN)/python bench/view_open.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py
