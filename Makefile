@@ -11,7 +11,7 @@ OUT    ?= chunks
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex]'  # the adapters' tests need both frameworks
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools

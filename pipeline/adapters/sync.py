@@ -1,0 +1,237 @@
+"""Apply the change feed to a vector store, chunk by chunk, from a remembered cursor.
+
+Framework-free: ``langchain.py`` and ``llamaindex.py`` each give a ``Target`` (how to
+embed-and-add records, how to delete ids) and share everything else here. The store is
+keyed by ``chunk_id``. What the store holds — per ``chunk_id``, the digest of the text
+it embedded and the file it came from — and the feed cursor are kept together in one
+small JSON file, written atomically only after the store calls succeeded; a failed call
+leaves the cursor where it was, so the next sync replays the same changes and converges,
+embedding nothing the store already took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from pipeline.adapters.changes import Cursor, read_changes
+from pipeline.adapters.records import embed_digest
+from pipeline.errors import UsageError
+from pipeline.run.emit import write_atomic
+
+STATE_FORMAT = 1
+
+
+class Target(Protocol):
+    """A vector store as the sync drives it; ids are ``chunk_id``s."""
+
+    def upsert(self, records: Sequence[dict[str, Any]]) -> None:
+        """Embed the records' ``embedText`` and add them, replacing any with the same id."""
+
+    def delete(self, chunk_ids: Sequence[str]) -> None:
+        """Remove these ids (each one was added by ``upsert`` before)."""
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """What one sync did.
+
+    Attributes:
+        cursor: the feed cursor the next sync starts after.
+        changes: feed lines read.
+        added: chunks new to the store (embedded).
+        replaced: chunks the store held with another embedded text (embedded again).
+        unchanged: written chunks whose embedded text the store already holds (not embedded).
+        deleted: chunks removed from the store.
+        skipped: lines whose chunk file is gone or holds another chunk by now (a later
+            line of the feed says what became of it).
+    """
+
+    cursor: Cursor | None
+    changes: int = 0
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    skipped: int = 0
+
+    @property
+    def embedded(self) -> int:
+        """Chunks whose text was sent to the embedding model."""
+        return self.added + self.replaced
+
+
+@dataclass(slots=True)
+class SyncState:
+    """The cursor file: where the feed was read to, and what the store holds."""
+
+    out: str
+    cursor: Cursor | None = None
+    #: chunk_id → [digest of the embedded text, chunk file it came from]
+    chunks: dict[str, list[str]] = field(default_factory=dict)
+
+
+def embedded_text_changed(change: str, known: str | None, record: dict[str, Any]) -> bool:
+    """Whether a written chunk must be embedded (again): the one rule of the sync.
+
+    Until the feed says so itself (SPEC §10: ``"change": "moved"`` when only the chunk's
+    position or revision moved), compare the digest of what would be embedded with the
+    one recorded when the store last took this ``chunk_id``.
+
+    Args:
+        change: the feed line's ``change`` field.
+        known: the digest recorded for this ``chunk_id``, ``None`` if the store lacks it.
+        record: the chunk record as it is now.
+    """
+    if known is None:
+        return True
+    if change == "moved":
+        return False
+    return embed_digest(record) != known
+
+
+def load_state(path: Path, out: Path) -> SyncState:
+    """The cursor file at ``path`` (a fresh state when there is none)."""
+    where = str(out.resolve())
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return SyncState(where)
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise UsageError(
+            f"{path}: cannot read the sync cursor ({exc}) (hint: delete it to sync again from the start)"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+        raise UsageError(f"{path}: not a format-{STATE_FORMAT} sync cursor (hint: delete it to start over)")
+    if data.get("out") != where:
+        raise UsageError(
+            f"{path}: this cursor follows {data.get('out')}, not {where} "
+            "(hint: give each chunk folder and store its own cursor file)"
+        )
+    return SyncState(where, data.get("cursor"), dict(data.get("chunks") or {}))
+
+
+def save_state(path: Path, state: SyncState) -> None:
+    """Write the cursor file atomically (temp file + rename)."""
+    data = {"format": STATE_FORMAT, "out": state.out, "cursor": state.cursor, "chunks": state.chunks}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, orjson.dumps(data) + b"\n")
+
+
+def sync(out: Path | str, target: Target, cursor_path: Path | str, *, batch_size: int = 128) -> SyncReport:
+    """Bring ``target`` up to date with the chunk folder ``out``, from the cursor in ``cursor_path``.
+
+    Args:
+        out: the chunk folder.
+        target: the store to drive.
+        cursor_path: the JSON file that remembers the cursor (created on the first sync).
+        batch_size: chunks per store call.
+
+    Returns:
+        What was done; ``report.cursor`` is also saved in ``cursor_path``.
+
+    Raises:
+        Whatever the store raises; the cursor is then left where it was.
+    """
+    out, cursor_path = Path(out), Path(cursor_path)
+    state = load_state(cursor_path, out)
+    report = SyncReport(state.cursor)
+    upserts, deletes = _plan(out, state, report)
+    if not report.changes:
+        return report
+    try:
+        _upsert(out, target, state, upserts, report, batch_size)
+        doomed = [cid for cid in sorted(deletes) if cid in state.chunks]
+        for i in range(0, len(doomed), batch_size):
+            ids = doomed[i : i + batch_size]
+            target.delete(ids)
+            for cid in ids:
+                del state.chunks[cid]
+            report.deleted += len(ids)
+    except BaseException:
+        save_state(cursor_path, state)  # what the store took is recorded; the cursor stays
+        raise
+    state.cursor = report.cursor
+    save_state(cursor_path, state)
+    return report
+
+
+def _plan(out: Path, state: SyncState, report: SyncReport) -> tuple[dict[str, tuple[str, str]], set[str]]:
+    """Fold the feed after the cursor into the ids to upsert (→ file, change) and to delete.
+
+    An id leaves a file when the file is deleted or holds another id (``prev_chunk_id``);
+    it is deleted only if that file is where it was last seen (an id that moved to
+    another file, as a document renamed with its ``doc_id``, is live there).
+    """
+    upserts: dict[str, tuple[str, str]] = {}
+    deletes: set[str] = set()
+
+    def leaves(cid: str, file: str) -> None:
+        seen = upserts[cid][0] if cid in upserts else (state.chunks.get(cid) or ["", ""])[1]
+        if not seen or seen == file:
+            upserts.pop(cid, None)
+            deletes.add(cid)
+
+    for change in read_changes(out, state.cursor):
+        report.changes += 1
+        report.cursor = change.cursor
+        if change.kind == "write" and change.chunk_id:
+            if change.prev_chunk_id and change.prev_chunk_id != change.chunk_id:
+                leaves(change.prev_chunk_id, change.file)
+            upserts[change.chunk_id] = (change.file, change.change)
+            deletes.discard(change.chunk_id)
+        elif change.kind == "delete" and change.chunk_id:
+            leaves(change.chunk_id, change.file)
+    return upserts, deletes
+
+
+def _upsert(
+    out: Path,
+    target: Target,
+    state: SyncState,
+    upserts: dict[str, tuple[str, str]],
+    report: SyncReport,
+    batch_size: int,
+) -> None:
+    pending: list[tuple[dict[str, Any], str, str]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        target.upsert([rec for rec, _, _ in pending])
+        for rec, digest, file in pending:
+            cid = rec["chunk_id"]
+            if cid in state.chunks:
+                report.replaced += 1
+            else:
+                report.added += 1
+            state.chunks[cid] = [digest, file]
+        pending.clear()
+
+    for cid, (file, change) in upserts.items():
+        record = _read(out / file)
+        if record is None or record.get("chunk_id") != cid:
+            report.skipped += 1
+            continue
+        known = state.chunks.get(cid)
+        if not embedded_text_changed(change, known[0] if known else None, record):
+            report.unchanged += 1
+            if known is not None:
+                known[1] = file
+            continue
+        pending.append((record, embed_digest(record), file))
+        if len(pending) >= batch_size:
+            flush()
+    flush()
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        record = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
