@@ -190,18 +190,26 @@ class _StoreTarget:
         for node, vector in zip(nodes, vectors, strict=True):
             node.embedding = vector
         ids = [n.node_id for n in nodes]
+        self.delete(ids)  # add() appends rather than replaces in many stores
         if self.is_index:  # it keeps its docstore in step; nodes with a vector are not embedded again
-            self.target.delete_nodes(ids, delete_from_docstore=True)
             self.target.insert_nodes(nodes)
         else:
-            self.target.delete_nodes(ids)  # add() appends rather than replaces in many stores
             self.target.add(nodes)
 
     def delete(self, chunk_ids: Sequence[str]) -> None:
-        if self.is_index:
-            self.target.delete_nodes(list(chunk_ids), delete_from_docstore=True)
-        else:
+        """Remove the ids the store holds; ids it lacks are no error (a retry after a failure)."""
+        if not self.is_index:
             self.target.delete_nodes(list(chunk_ids))
+            return
+        index = self.target  # VectorStoreIndex.delete_nodes raises on an id its docstore lacks
+        index.vector_store.delete_nodes(list(chunk_ids))
+        if not index.vector_store.stores_text or getattr(index, "_store_nodes_override", False):
+            struct = index.index_struct
+            for cid in chunk_ids:
+                if cid in struct.nodes_dict:
+                    struct.delete(cid)
+                index.docstore.delete_document(cid, raise_error=False)
+            index.storage_context.index_store.add_index_struct(struct)
 
     def _neighbours(self, record: dict[str, Any]) -> dict[str, str]:
         """``id`` → ``chunk_id`` of the chunk's neighbours, read from their files."""
