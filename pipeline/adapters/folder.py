@@ -79,6 +79,9 @@ class ChunkFolder:
 def open_chunks(out: Path | str) -> ChunkFolder:
     """Open the chunk folder ``out`` (``ingest``'s ``--out``) for reading.
 
+    Args:
+        out: the chunk folder.
+
     Raises:
         UsageError: ``out`` is not a chunk folder (no manifest: run ``ingest`` first).
     """
