@@ -69,3 +69,38 @@ def edit_one_paragraph(corpus: Path, name: str = "alpha") -> Path:
     assert old in text
     path.write_text(text.replace(old, old.replace("stable chunk ids", "stable, edit-proof chunk ids")))
     return path
+
+
+def random_edit(corpus: Path, rng: Any, step: int) -> str:
+    """One realistic edit of the corpus, chosen by ``rng``; returns what it did."""
+    docs = sorted(p for p in corpus.rglob("*.md"))
+    kind = rng.choice(["edit", "insert", "remove", "heading", "add", "delete", "rename"] if docs else ["add"])
+    if kind == "add" or (kind == "delete" and len(docs) < 2):
+        path = corpus / f"new{step}.md"
+        path.write_text(document(f"new{step}", sections=rng.randint(1, 3)))
+        return f"add {path.name}"
+    path = rng.choice(docs)
+    if kind == "delete":
+        path.unlink()
+        return f"delete {path.name}"
+    if kind == "rename":
+        target = path.with_name(f"renamed{step}.md")
+        path.rename(target)
+        return f"rename {path.name} -> {target.name}"
+    lines = path.read_text().split("\n")
+    paras = [i for i, line in enumerate(lines) if line.startswith("Paragraph")]
+    heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    if kind == "heading" and heads:
+        i = rng.choice(heads)
+        lines[i] += f" v{step}"
+    elif kind == "insert" and paras:
+        i = rng.choice(paras)
+        lines[i:i] = [f"Inserted paragraph {step}: a new thought about chunk ids and offsets.", ""]
+    elif kind == "remove" and len(paras) > 1:
+        i = rng.choice(paras)
+        del lines[i : i + 2]
+    elif paras:
+        i = rng.choice(paras)
+        lines[i] = lines[i].replace("exact offsets", f"exact offsets (edit {step})", 1)
+    path.write_text("\n".join(lines))
+    return f"{kind} {path.name}"

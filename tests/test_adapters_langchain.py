@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pipeline.adapters.langchain import (
     ChunkyardTextSplitter,
     sync_vectorstore,
 )
+from pipeline.run.ingest import Options, Session
 from tests.adapters_support import (
     POLICY,
     changed_texts,
@@ -28,6 +30,7 @@ from tests.adapters_support import (
     edit_one_paragraph,
     embed_texts,
     make_corpus,
+    random_edit,
     run_ingest,
 )
 
@@ -163,5 +166,55 @@ def test_a_failing_store_leaves_the_cursor_and_the_next_sync_converges(setup: An
     state = json.loads(cursor.read_bytes())
     assert state["cursor"] == json.loads(saved)["cursor"]
     store.fail = ""
+    sync_vectorstore(out, store, cursor)
+    assert held(store) == embed_texts(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_edits_and_syncs_converge_embedding_only_new_texts(tmp_path: Path, seed: int) -> None:
+    """Edits of every kind, a sync after some of them: the store always ends equal to the
+    chunk folder, and each sync embeds exactly the texts the store did not hold under that id."""
+    rng = random.Random(seed)
+    corpus = make_corpus(tmp_path)
+    out = tmp_path / "chunks"
+    run_ingest(corpus, out)
+    embedding = CountingEmbedding(size=4, texts=[])
+    store = InMemoryVectorStore(embedding)
+    cursor = tmp_path / "cursor.json"
+    done: list[str] = []
+    for step in range(12):
+        done.append(random_edit(corpus, rng, step))
+        run_ingest(corpus, out)
+        if rng.random() < 0.5 and step < 11:
+            continue
+        before, now = held(store), embed_texts(out)
+        embedding.texts.clear()
+        sync_vectorstore(out, store, cursor, batch_size=rng.choice([1, 5, 128]))
+        assert held(store) == now, done
+        assert sorted(embedding.texts) == sorted(now[cid] for cid in changed_texts(before, now)), done
+
+
+def test_a_sync_during_an_ingest_converges_after_it(tmp_path: Path) -> None:
+    """A loader may follow a long run as it goes: a sync after each document, mid-run."""
+    corpus = make_corpus(tmp_path, ("alpha", "beta", "gamma", "delta"))
+    out = tmp_path / "chunks"
+    run_ingest(corpus, out)
+    store = InMemoryVectorStore(CountingEmbedding(size=4, texts=[]))
+    cursor = tmp_path / "cursor.json"
+    sync_vectorstore(out, store, cursor)
+    for name in ("alpha", "gamma"):
+        path = corpus / f"{name}.md"
+        path.write_text(path.read_text().replace("## Part 0", "## Part zero"))  # every id moves
+    edit_one_paragraph(corpus, "alpha")
+    (corpus / "sub" / "beta.md").unlink()
+    syncs: list[int] = []
+
+    def on_result(_: object) -> None:
+        syncs.append(sync_vectorstore(out, store, cursor).changes)
+
+    opts = Options(corpus=corpus, out=out, policy=POLICY, doc_timeout=0, doc_memory_mb=0)
+    with Session(opts) as session:
+        assert session.sync(on_result=on_result).exit_code == 0
+    assert any(syncs)  # it saw some lines mid-run
     sync_vectorstore(out, store, cursor)
     assert held(store) == embed_texts(out)
