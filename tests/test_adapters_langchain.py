@@ -218,3 +218,50 @@ def test_a_sync_during_an_ingest_converges_after_it(tmp_path: Path) -> None:
     assert any(syncs)  # it saw some lines mid-run
     sync_vectorstore(out, store, cursor)
     assert held(store) == embed_texts(out)
+
+
+def compacted(lines: list[bytes], *, drop_deletes: bool = False) -> list[bytes]:
+    """The feed as SPEC §10's retention may leave it: the last line per chunk file, no
+    ``prev_chunk_id`` to lean on, and (``drop_deletes``) deletes pruned."""
+    last: dict[str, tuple[int, dict[str, Any]]] = {}
+    for i, line in enumerate(lines):
+        event = json.loads(line)
+        event.pop("prev_chunk_id", None)
+        last[event.get("file") or f"redirect:{event.get('old')}"] = (i, event)
+    kept = [e for _, e in sorted(last.values(), key=lambda pair: pair[0])]
+    if drop_deletes:
+        kept = [e for e in kept if e["event"] != "ingest.delete"]
+    return [json.dumps(e).encode() + b"\n" for e in kept]
+
+
+def test_a_compacted_feed_tail_is_followed_without_prev_chunk_ids(setup: Any) -> None:
+    corpus, out, store, _, cursor = setup
+    sync_vectorstore(out, store, cursor)
+    feed = out / ".chunkyard" / "changes.jsonl"
+    head = feed.read_bytes()
+    for step in range(3):  # the same files get new ids again and again
+        (corpus / "gamma.md").write_text(document("gamma", heading=f"Part v{step}"))
+        run_ingest(corpus, out)
+    tail = feed.read_bytes()[len(head) :].splitlines(keepends=True)
+    feed.write_bytes(head + b"".join(compacted(tail)))
+    sync_vectorstore(out, store, cursor)
+    assert held(store) == embed_texts(out)
+
+
+def test_a_lost_cursor_reads_all_again_and_drops_what_is_gone(setup: Any) -> None:
+    corpus, out, store, embedding, cursor = setup
+    sync_vectorstore(out, store, cursor)
+    (corpus / "sub" / "beta.md").unlink()
+    edit_one_paragraph(corpus)
+    run_ingest(corpus, out)
+    feed = out / ".chunkyard" / "changes.jsonl"
+    feed.write_bytes(b"".join(compacted(feed.read_bytes().splitlines(keepends=True), drop_deletes=True)))
+    before, now = held(store), embed_texts(out)
+    embedding.texts.clear()
+    report = sync_vectorstore(out, store, cursor)
+    assert report.full and report.deleted > 0
+    assert held(store) == now
+    assert sorted(embedding.texts) == sorted(now[cid] for cid in changed_texts(before, now))
+    embedding.texts.clear()
+    again = sync_vectorstore(out, store, cursor, full=True)  # asked for: nothing to do
+    assert again.full and again.embedded == again.deleted == 0 and embedding.texts == []

@@ -93,7 +93,7 @@ def read_changes(out: Path | str, after: Cursor | None = None) -> Iterator[Chang
 
     Raises:
         UsageError: the cursor is not one this feed ever gave.
-        PipelineError: the feed is shorter than the cursor (it was replaced).
+        CursorLostError: the feed no longer reaches the cursor (it was replaced).
     """
     offset = _offset(after)
     path = feed_path(Path(out))
@@ -132,8 +132,16 @@ def _offset(cursor: Cursor | None) -> int:
     )
 
 
-def _replaced(path: Path, cursor: Cursor | None) -> PipelineError:
-    return PipelineError(
+class CursorLostError(PipelineError):
+    """The feed no longer reaches a cursor (it was replaced, cut, or compacted past it).
+
+    Read it again from the start (cursor ``None``) and drop what it no longer writes:
+    ``sync(..., full=True)`` does.
+    """
+
+
+def _replaced(path: Path, cursor: Cursor | None) -> CursorLostError:
+    return CursorLostError(
         f"{path}: the change feed does not reach cursor {cursor!r}: it was replaced or cut "
         "(hint: read again from the start (cursor None); applying the feed twice is harmless)"
     )

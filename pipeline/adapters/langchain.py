@@ -151,6 +151,7 @@ def sync_vectorstore(
     cursor_path: Path | str,
     *,
     content: Content = "embed",
+    full: bool = False,
     batch_size: int = 128,
 ) -> SyncReport:
     """Apply a chunk folder's change feed to any LangChain ``VectorStore``, from where it left off.
@@ -171,9 +172,11 @@ def sync_vectorstore(
         vectorstore: the store (with its embedding model).
         cursor_path: a JSON file of this store's own (created on the first call).
         content: what to embed: ``embed`` (default, ``embedText``) or ``original``.
+        full: read the whole feed again and delete what the store holds that the chunk
+            folder no longer has (automatic when the feed no longer reaches the cursor).
         batch_size: documents per store call.
 
     Returns:
         The counts: added, replaced, unchanged, deleted, ``embedded``; and the cursor.
     """
-    return sync(out, _VectorStoreTarget(vectorstore, content), cursor_path, batch_size=batch_size)
+    return sync(out, _VectorStoreTarget(vectorstore, content), cursor_path, full=full, batch_size=batch_size)

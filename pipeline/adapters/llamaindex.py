@@ -234,6 +234,7 @@ def sync_vector_store(
     cursor_path: Path | str,
     *,
     embed_model: BaseEmbedding | None = None,
+    full: bool = False,
     batch_size: int = 128,
 ) -> SyncReport:
     """Apply a chunk folder's change feed to a LlamaIndex vector store, from where it left off.
@@ -251,10 +252,12 @@ def sync_vector_store(
         cursor_path: a JSON file of this store's own (created on the first call).
         embed_model: embeds ``embedText`` (default: a ``VectorStoreIndex``'s own model;
             required for a bare vector store).
+        full: read the whole feed again and delete what the store holds that the chunk
+            folder no longer has (automatic when the feed no longer reaches the cursor).
         batch_size: nodes per store call.
 
     Returns:
         The counts: added, replaced, unchanged, deleted, ``embedded``; and the cursor.
     """
     out = Path(out)
-    return sync(out, _StoreTarget(out, target, embed_model), cursor_path, batch_size=batch_size)
+    return sync(out, _StoreTarget(out, target, embed_model), cursor_path, full=full, batch_size=batch_size)

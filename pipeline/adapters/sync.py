@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from pipeline.adapters.changes import Cursor, read_changes
+from pipeline.adapters.changes import Cursor, CursorLostError, read_changes
 from pipeline.adapters.records import embed_digest
 from pipeline.errors import UsageError
 from pipeline.run.emit import write_atomic
@@ -49,6 +49,8 @@ class SyncReport:
         deleted: chunks removed from the store.
         skipped: lines whose chunk file is gone or holds another chunk by now (a later
             line of the feed says what became of it).
+        full: the whole feed was read again (asked for, or the feed no longer reached
+            the cursor), and what it no longer writes was deleted.
     """
 
     cursor: Cursor | None
@@ -58,6 +60,7 @@ class SyncReport:
     unchanged: int = 0
     deleted: int = 0
     skipped: int = 0
+    full: bool = False  #: the whole feed was read again (asked for, or the cursor was lost)
 
     @property
     def embedded(self) -> int:
@@ -122,13 +125,17 @@ def save_state(path: Path, state: SyncState) -> None:
     write_atomic(path, orjson.dumps(data) + b"\n")
 
 
-def sync(out: Path | str, target: Target, cursor_path: Path | str, *, batch_size: int = 128) -> SyncReport:
+def sync(
+    out: Path | str, target: Target, cursor_path: Path | str, *, full: bool = False, batch_size: int = 128
+) -> SyncReport:
     """Bring ``target`` up to date with the chunk folder ``out``, from the cursor in ``cursor_path``.
 
     Args:
         out: the chunk folder.
         target: the store to drive.
         cursor_path: the JSON file that remembers the cursor (created on the first sync).
+        full: read the whole feed again and also delete what the store holds that it no
+            longer writes (done by itself when the feed no longer reaches the cursor).
         batch_size: chunks per store call.
 
     Returns:
@@ -139,12 +146,18 @@ def sync(out: Path | str, target: Target, cursor_path: Path | str, *, batch_size
     """
     out, cursor_path = Path(out), Path(cursor_path)
     state = load_state(cursor_path, out)
-    report = SyncReport(state.cursor)
-    upserts, deletes = _plan(out, state, report)
-    if not report.changes:
+    report = SyncReport(state.cursor, full=full)
+    try:
+        upserts, deletes = _plan(out, state, report, None if full else state.cursor)
+    except CursorLostError:  # the feed was replaced or cut short: read it all again
+        report = SyncReport(state.cursor, full=True)
+        upserts, deletes = _plan(out, state, report, None)
+    if not report.changes and not report.full:
         return report
     try:
-        _upsert(out, target, state, upserts, report, batch_size)
+        live = _upsert(out, target, state, upserts, report, batch_size)
+        if report.full:  # what the feed no longer writes is gone
+            deletes |= state.chunks.keys() - live
         doomed = [cid for cid in sorted(deletes) if cid in state.chunks]
         for i in range(0, len(doomed), batch_size):
             ids = doomed[i : i + batch_size]
@@ -160,15 +173,21 @@ def sync(out: Path | str, target: Target, cursor_path: Path | str, *, batch_size
     return report
 
 
-def _plan(out: Path, state: SyncState, report: SyncReport) -> tuple[dict[str, tuple[str, str]], set[str]]:
-    """Fold the feed after the cursor into the ids to upsert (→ file, change) and to delete.
+def _plan(
+    out: Path, state: SyncState, report: SyncReport, after: Cursor | None
+) -> tuple[dict[str, tuple[str, str]], set[str]]:
+    """Fold the feed after ``after`` into the ids to upsert (→ file, change) and to delete.
 
-    An id leaves a file when the file is deleted or holds another id (``prev_chunk_id``);
-    it is deleted only if that file is where it was last seen (an id that moved to
-    another file, as a document renamed with its ``doc_id``, is live there).
+    Each chunk file holds one id at a time: an id leaves the store when the file it was
+    last seen in is deleted or written with another id. That needs no ``prev_chunk_id``
+    and no line in between, so a feed that keeps only the last line per file (SPEC §10)
+    is followed as well as a whole one. An id that moved to another file (a document
+    renamed with its ``doc_id``) is live there and stays.
     """
     upserts: dict[str, tuple[str, str]] = {}
     deletes: set[str] = set()
+    holds: dict[str, str] = {}  #: chunk file → the id the lines read so far put there ("" = deleted)
+    known_at = {file: cid for cid, (_, file) in state.chunks.items()}
 
     def leaves(cid: str, file: str) -> None:
         seen = upserts[cid][0] if cid in upserts else (state.chunks.get(cid) or ["", ""])[1]
@@ -176,16 +195,26 @@ def _plan(out: Path, state: SyncState, report: SyncReport) -> tuple[dict[str, tu
             upserts.pop(cid, None)
             deletes.add(cid)
 
-    for change in read_changes(out, state.cursor):
+    def vacate(file: str, keep: str = "") -> None:
+        held = holds[file] if file in holds else known_at.get(file, "")
+        if held and held != keep:
+            leaves(held, file)
+
+    for change in read_changes(out, after):
         report.changes += 1
         report.cursor = change.cursor
         if change.kind == "write" and change.chunk_id:
+            vacate(change.file, keep=change.chunk_id)
             if change.prev_chunk_id and change.prev_chunk_id != change.chunk_id:
                 leaves(change.prev_chunk_id, change.file)
             upserts[change.chunk_id] = (change.file, change.change)
             deletes.discard(change.chunk_id)
-        elif change.kind == "delete" and change.chunk_id:
-            leaves(change.chunk_id, change.file)
+            holds[change.file] = change.chunk_id
+        elif change.kind == "delete":
+            vacate(change.file)
+            if change.chunk_id:
+                leaves(change.chunk_id, change.file)
+            holds[change.file] = ""
     return upserts, deletes
 
 
@@ -196,8 +225,10 @@ def _upsert(
     upserts: dict[str, tuple[str, str]],
     report: SyncReport,
     batch_size: int,
-) -> None:
+) -> set[str]:
+    """Embed and add what is new to the store; returns the ids found live in their files."""
     pending: list[tuple[dict[str, Any], str, str]] = []
+    live: set[str] = set()
 
     def flush() -> None:
         if not pending:
@@ -217,6 +248,7 @@ def _upsert(
         if record is None or record.get("chunk_id") != cid:
             report.skipped += 1
             continue
+        live.add(cid)
         known = state.chunks.get(cid)
         if not embedded_text_changed(change, known[0] if known else None, record):
             report.unchanged += 1
@@ -227,6 +259,7 @@ def _upsert(
         if len(pending) >= batch_size:
             flush()
     flush()
+    return live
 
 
 def _read(path: Path) -> dict[str, Any] | None:
