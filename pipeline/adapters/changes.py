@@ -1,15 +1,19 @@
 """The change feed as a reader sees it: ``read_changes(out, after=cursor)`` (SPEC §5, §10).
 
-This module is the one place that knows how the feed is stored. Today that is
-``CHUNKS/.chunkyard/changes.jsonl``, and a cursor is a byte offset into it; when the
-feed gets sequence numbers (SPEC §10) only ``read_changes`` and the cursor's form
-change, and every caller keeps working with the cursors it already holds.
+This module is the one place that knows how the feed is stored. Two forms exist:
+
+- ``CHUNKS/.chunkyard/changes.jsonl``, JSON lines; a cursor is ``"bytes:<offset>"``.
+- the feed with sequence numbers in the state database (SPEC §10), read through
+  ``pipeline.run.feed.read_feed(out, after_seq)``; a cursor is ``"seq:<n>"``. Used
+  whenever this build has that module; a cursor of the other form is then lost
+  (``CursorLostError``), and a sync reads the feed again from the start.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,14 +24,15 @@ from pipeline.errors import PipelineError, UsageError
 from pipeline.run.state import FEED, STATE_DIR
 
 #: A position in the change feed, to resume reading after. Opaque: store it, hand it
-#: back, never compute with it. Today ``"bytes:<offset>"`` (the byte just after a whole
-#: line of ``changes.jsonl``); with sequence numbers it will be ``"seq:<n>"``. ``None``
+#: back, never compute with it. ``"bytes:<offset>"`` (the byte just after a whole line
+#: of ``changes.jsonl``), or ``"seq:<n>"`` for the feed with sequence numbers. ``None``
 #: (or ``""``) is the feed's beginning.
 Cursor = str
 
 ChangeKind = Literal["write", "delete", "redirect", "other"]
 
 _BYTES = "bytes:"
+_SEQ = "seq:"
 _KINDS: dict[str, ChangeKind] = {
     "ingest.write": "write",
     "ingest.delete": "delete",
@@ -95,8 +100,12 @@ def read_changes(out: Path | str, after: Cursor | None = None) -> Iterator[Chang
         UsageError: the cursor is not one this feed ever gave.
         CursorLostError: the feed no longer reaches the cursor (it was replaced).
     """
-    offset = _offset(after)
+    seq_feed = _seq_feed()
+    if seq_feed is not None:
+        yield from _read_seq(Path(out), after, *seq_feed)
+        return
     path = feed_path(Path(out))
+    offset = _offset(after, path)
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed in the finally below (a generator)
     except FileNotFoundError:
@@ -121,11 +130,44 @@ def read_changes(out: Path | str, after: Cursor | None = None) -> Iterator[Chang
         fh.close()
 
 
-def _offset(cursor: Cursor | None) -> int:
+def _seq_feed() -> tuple[Callable[[Path, int], Iterator[Any]], type[Exception]] | None:
+    """``pipeline.run.feed``'s ``read_feed`` and its gap error, when this build has them (SPEC §10)."""
+    try:
+        module = importlib.import_module("pipeline.run.feed")
+    except ImportError:
+        return None
+    reader = getattr(module, "read_feed", None)
+    gap = getattr(module, "FeedGapError", None)
+    if reader is None or not (isinstance(gap, type) and issubclass(gap, Exception)):
+        return None
+    return reader, gap
+
+
+def _read_seq(
+    out: Path, after: Cursor | None, reader: Callable[[Path, int], Iterator[Any]], gap: type[Exception]
+) -> Iterator[Change]:
+    """The feed with sequence numbers: each line's cursor is ``seq:<its seq>``."""
+    if after and after.startswith(_BYTES) and after[len(_BYTES) :].isdigit():
+        raise _replaced(feed_path(out), after)  # a cursor into the JSON-lines feed this one replaced
+    seq = _number(after, _SEQ)
+    try:
+        for line in reader(out, seq):
+            yield _change(line.event, f"{_SEQ}{line.seq}")
+    except gap as exc:
+        raise CursorLostError(f"{out}: {exc}") from exc
+
+
+def _offset(cursor: Cursor | None, path: Path) -> int:
+    if cursor and cursor.startswith(_SEQ) and cursor[len(_SEQ) :].isdigit():
+        raise _replaced(path, cursor)  # a cursor into a feed with sequence numbers
+    return _number(cursor, _BYTES)
+
+
+def _number(cursor: Cursor | None, prefix: str) -> int:
     if not cursor:
         return 0
-    if cursor.startswith(_BYTES) and cursor[len(_BYTES) :].isdigit():
-        return int(cursor[len(_BYTES) :])
+    if cursor.startswith(prefix) and cursor[len(prefix) :].isdigit():
+        return int(cursor[len(prefix) :])
     raise UsageError(
         f"change-feed cursor {cursor!r}: not a cursor this chunkyard gave "
         "(hint: pass a Change.cursor you stored, or None to read from the start)"

@@ -78,23 +78,21 @@ class SyncState:
     chunks: dict[str, list[str]] = field(default_factory=dict)
 
 
-def embedded_text_changed(change: str, known: str | None, record: dict[str, Any]) -> bool:
+def embedded_text_changed(known: str | None, record: dict[str, Any]) -> bool:
     """Whether a written chunk must be embedded (again): the one rule of the sync.
 
-    Until the feed says so itself (SPEC §10: ``"change": "moved"`` when only the chunk's
-    position or revision moved), compare the digest of what would be embedded with the
-    one recorded when the store last took this ``chunk_id``.
+    Compares the digest of what would be embedded with the one recorded when the store
+    last took this ``chunk_id``. The feed's own word (SPEC §10: ``"change": "moved"``
+    when only a chunk's position or revision moved) is not taken: it compares with the
+    file's previous version, not with what this store holds, and a reader that missed
+    lines (it resumed after a compaction that kept only a file's last line, or it
+    follows the feed from a cursor older than the text change) would keep a stale text.
 
     Args:
-        change: the feed line's ``change`` field.
         known: the digest recorded for this ``chunk_id``, ``None`` if the store lacks it.
         record: the chunk record as it is now.
     """
-    if known is None:
-        return True
-    if change == "moved":
-        return False
-    return embed_digest(record) != known
+    return known is None or embed_digest(record) != known
 
 
 def load_state(path: Path, out: Path) -> SyncState:
@@ -175,8 +173,8 @@ def sync(
 
 def _plan(
     out: Path, state: SyncState, report: SyncReport, after: Cursor | None
-) -> tuple[dict[str, tuple[str, str]], set[str]]:
-    """Fold the feed after ``after`` into the ids to upsert (→ file, change) and to delete.
+) -> tuple[dict[str, str], set[str]]:
+    """Fold the feed after ``after`` into the ids to upsert (→ their file) and to delete.
 
     Each chunk file holds one id at a time: an id leaves the store when the file it was
     last seen in is deleted or written with another id. That needs no ``prev_chunk_id``
@@ -184,13 +182,13 @@ def _plan(
     is followed as well as a whole one. An id that moved to another file (a document
     renamed with its ``doc_id``) is live there and stays.
     """
-    upserts: dict[str, tuple[str, str]] = {}
+    upserts: dict[str, str] = {}
     deletes: set[str] = set()
     holds: dict[str, str] = {}  #: chunk file → the id the lines read so far put there ("" = deleted)
     known_at = {file: cid for cid, (_, file) in state.chunks.items()}
 
     def leaves(cid: str, file: str) -> None:
-        seen = upserts[cid][0] if cid in upserts else (state.chunks.get(cid) or ["", ""])[1]
+        seen = upserts[cid] if cid in upserts else (state.chunks.get(cid) or ["", ""])[1]
         if not seen or seen == file:
             upserts.pop(cid, None)
             deletes.add(cid)
@@ -207,7 +205,7 @@ def _plan(
             vacate(change.file, keep=change.chunk_id)
             if change.prev_chunk_id and change.prev_chunk_id != change.chunk_id:
                 leaves(change.prev_chunk_id, change.file)
-            upserts[change.chunk_id] = (change.file, change.change)
+            upserts[change.chunk_id] = change.file
             deletes.discard(change.chunk_id)
             holds[change.file] = change.chunk_id
         elif change.kind == "delete":
@@ -222,7 +220,7 @@ def _upsert(
     out: Path,
     target: Target,
     state: SyncState,
-    upserts: dict[str, tuple[str, str]],
+    upserts: dict[str, str],
     report: SyncReport,
     batch_size: int,
 ) -> set[str]:
@@ -243,14 +241,14 @@ def _upsert(
             state.chunks[cid] = [digest, file]
         pending.clear()
 
-    for cid, (file, change) in upserts.items():
+    for cid, file in upserts.items():
         record = _read(out / file)
         if record is None or record.get("chunk_id") != cid:
             report.skipped += 1
             continue
         live.add(cid)
         known = state.chunks.get(cid)
-        if not embedded_text_changed(change, known[0] if known else None, record):
+        if not embedded_text_changed(known[0] if known else None, record):
             report.unchanged += 1
             if known is not None:
                 known[1] = file
