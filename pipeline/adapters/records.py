@@ -70,7 +70,7 @@ def flat_metadata(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "chunk_id": record["chunk_id"],
         "id": record["id"],
-        "doc_id": uid_of(record["chunk_id"]),
+        "doc_id": record.get("doc_id") or uid_of(record["chunk_id"]),
         "section_id": record["section_id"],
         "snippet_id": record["chunk_id"],
         "source_url": record["source_url"],
