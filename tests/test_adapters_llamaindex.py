@@ -123,6 +123,12 @@ def test_sync_embeds_only_what_changed(setup: Any) -> None:
     report = sync_vector_store(out, index, cursor)
     first = embed_texts(out)
     assert held(index) == originals(out)
+    state = chunk_state(out)
+    by_file_id = {rec["id"]: cid for cid, rec in state.items()}
+    for cid, rec in state.items():  # the links the sync made point at the neighbours' chunk ids
+        rels = index.docstore.get_node(cid).relationships
+        for key, rel in ((rec["prevId"], NodeRelationship.PREVIOUS), (rec["nextId"], NodeRelationship.NEXT)):
+            assert (rels[rel].node_id if rel in rels else None) == (by_file_id[key] if key else None)
     assert sorted(embedding.texts) == sorted(first.values())
     assert report.embedded == len(first)
 
