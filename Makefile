@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 CORPUS ?= corpus
 OUT    ?= chunks
 
-.PHONY: install ingest test lint bench bench-watch fuzz watch clean
+.PHONY: install ingest test lint bench bench-watch bench-adapters fuzz watch clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench: $(STAMP) ## throughput against the splitters people use (pip install -e '
 
 bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and a 700 KB document
 	$(BIN)/python bench/watch_latency.py
+
+bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
+	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py
