@@ -59,6 +59,21 @@ class FlakyStore(SimpleVectorStore):
         return super().add(nodes, **kwargs)
 
 
+class StrictStore(SimpleVectorStore):
+    """A store that refuses an id it holds already (as FAISS does), and can fail half-way."""
+
+    half: bool = False
+
+    def add(self, nodes: Any, **kwargs: Any) -> list[str]:
+        clash = [n.node_id for n in nodes if n.node_id in self.data.embedding_dict]
+        if clash:
+            raise ValueError(f"ids exist already: {clash[:3]}")
+        if self.half:
+            super().add(nodes[: len(nodes) // 2], **kwargs)
+            raise ConnectionError("store went away half-way")
+        return super().add(nodes, **kwargs)
+
+
 def held(index: VectorStoreIndex) -> dict[str, str]:
     """node id → text, as the index would hand them to a query (vector ids, docstore texts)."""
     ids = set(index.vector_store.data.embedding_dict)
@@ -179,3 +194,18 @@ def test_a_failing_store_leaves_the_cursor_and_the_next_sync_converges(setup: An
     index.vector_store.fail = False
     sync_vector_store(out, index, cursor)
     assert held(index) == originals(out)
+
+
+def test_a_half_applied_add_is_replaced_not_doubled(setup: Any) -> None:
+    corpus, out, _, embedding, cursor = setup
+    store = StrictStore()
+    sync_vector_store(out, store, cursor, embed_model=embedding)
+    edit_one_paragraph(corpus)
+    (corpus / "gamma.md").write_text(document("gamma", heading="Section"))  # new ids for a whole document
+    run_ingest(corpus, out)
+    store.half = True
+    with pytest.raises(ConnectionError):
+        sync_vector_store(out, store, cursor, embed_model=embedding, batch_size=8)
+    store.half = False
+    sync_vector_store(out, store, cursor, embed_model=embedding, batch_size=8)
+    assert set(store.data.embedding_dict) == set(chunk_state(out))

@@ -133,7 +133,7 @@ class _VectorStoreTarget:
         self.store = store
         self.content: Content = content
 
-    def upsert(self, records: Sequence[dict[str, Any]]) -> None:
+    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
         docs = [to_document(r, self.content) for r in records]
         self.store.add_documents(docs, ids=[r["chunk_id"] for r in records])
 

@@ -29,8 +29,11 @@ STATE_FORMAT = 1
 class Target(Protocol):
     """A vector store as the sync drives it; ids are ``chunk_id``s."""
 
-    def upsert(self, records: Sequence[dict[str, Any]]) -> None:
-        """Embed the records' ``embedText`` and add them, replacing any with the same id."""
+    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
+        """Embed the records' ``embedText`` and add them, replacing any with the same id.
+
+        ``replacing``: the records' ids the store may hold already (added by an earlier sync).
+        """
 
     def delete(self, chunk_ids: Sequence[str]) -> None:
         """Remove these ids (each one was added by ``upsert`` before)."""
@@ -231,7 +234,13 @@ def _upsert(
     def flush() -> None:
         if not pending:
             return
-        target.upsert([rec for rec, _, _ in pending])
+        records = [rec for rec, _, _ in pending]
+        try:
+            target.upsert(records, [r["chunk_id"] for r in records if r["chunk_id"] in state.chunks])
+        except BaseException:
+            for rec, _, file in pending:  # some may have gone in: next time they are replaced, not doubled
+                state.chunks.setdefault(rec["chunk_id"], ["", file])
+            raise
         for rec, digest, file in pending:
             cid = rec["chunk_id"]
             if cid in state.chunks:
