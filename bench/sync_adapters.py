@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 def edit_largest(corpus: Path) -> str:
     path = max(corpus.rglob("*.md"), key=lambda p: p.stat().st_size)
     lines = path.read_text(encoding="utf-8").split("\n")
-    i = max(range(len(lines)), key=lambda n: len(lines[n]) if lines[n][:1].isalpha() else 0)
+    body = lines.index("---", 1) + 1 if lines[0] == "---" and "---" in lines[1:] else 0  # after front matter
+    i = max(range(body, len(lines)), key=lambda n: len(lines[n]) if lines[n][:1].isalpha() else 0)
     lines[i] += " (edited)"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path.relative_to(corpus).as_posix()
