@@ -4,7 +4,7 @@ Framework-free: ``langchain.py`` and ``llamaindex.py`` each give a ``Target`` (h
 embed-and-add records, how to delete ids) and share everything else here. The store is
 keyed by ``chunk_id``. What the store holds — per ``chunk_id``, the digest of the text
 it embedded and the file it came from — and the feed cursor are kept together in one
-small JSON file, written atomically only after the store calls succeeded; a failed call
+JSON file (150–230 bytes per chunk), written atomically after the store calls succeeded; a failed call
 leaves the cursor where it was, so the next sync replays the same changes and converges,
 embedding nothing the store already took.
 """
@@ -36,7 +36,7 @@ class Target(Protocol):
         """
 
     def delete(self, chunk_ids: Sequence[str]) -> None:
-        """Remove these ids (each one was added by ``upsert`` before)."""
+        """Remove these ids (given to ``upsert`` before; one the store lacks is no error)."""
 
 
 @dataclass(slots=True)
