@@ -7,12 +7,12 @@ CORPUS ?= corpus
 OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install ingest test lint bench bench-watch bench-retrieval fuzz watch clean
+.PHONY: install ingest test lint bench bench-watch bench-retrieval bench-adapters fuzz watch clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex]'  # the adapters' tests need both frameworks
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools
@@ -58,6 +58,9 @@ bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and 
 
 bench-view: $(STAMP) browser ## report size and time to open it in headless Chromium, all ../shared/corpora
 	$(BIN)/python bench/view_open.py $(BENCH_ARGS)
+
+bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
+	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py
