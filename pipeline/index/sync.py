@@ -149,7 +149,8 @@ def _run(
     hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
     check_compatible(stored, wanted, where=str(path), hint=hint)
     where = str(out.resolve())
-    if stored.get("out") and stored["out"] != where:
+    inside = path.resolve().is_relative_to(out.resolve())  # a copied chunk folder takes its index along
+    if stored.get("out") and stored["out"] != where and not inside:
         raise UsageError(
             f"{path}: this index follows {stored['out']}, not {where} "
             "(hint: give each chunk folder its own --store)"
