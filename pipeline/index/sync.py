@@ -47,8 +47,19 @@ from pipeline.index.store import ChunkRow, RowState, Vector, VectorStore, open_a
 from pipeline.run.changes import CursorLostError, read_changes
 from pipeline.run.state import STATE_DIR
 
-#: Texts per call to the embedder; the cache is committed after each call.
+#: Texts per call to the embedder; the cache is committed after each call (a killed run
+#: loses at most one batch of embedding work). ``CHUNKYARD_INDEX_BATCH`` overrides it.
 EMBED_BATCH = 128
+BATCH_ENV = "CHUNKYARD_INDEX_BATCH"
+
+
+def _batch_size() -> int:
+    raw = os.environ.get(BATCH_ENV, "")
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    if raw:
+        raise UsageError(f"{BATCH_ENV}={raw!r}: expected a whole number of texts >= 1")
+    return EMBED_BATCH
 
 #: ``on_progress(stage, done, total)``: stage ``plan``, ``embed`` or ``commit``.
 Progress = Callable[[str, int, int], None]
@@ -316,8 +327,9 @@ def _embed(
     ordered = sorted(missing.items(), key=lambda item: len(item[1]))
     if on_progress:
         on_progress("embed", 0, len(ordered))
-    for i in range(0, len(ordered), EMBED_BATCH):
-        batch = ordered[i : i + EMBED_BATCH]
+    size = _batch_size()
+    for i in range(0, len(ordered), size):
+        batch = ordered[i : i + size]
         computed = embedder.embed([text for _, text in batch])
         entries = {
             digest: (computed[j], int(embedder.count_tokens(text))) for j, (digest, text) in enumerate(batch)
