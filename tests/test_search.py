@@ -174,3 +174,42 @@ def test_index_cli_json_validates(sample: Path) -> None:
     jsonschema.validate(report, schema)
     assert report["reconcile"] and not any(report["fixed"].values())
     assert report["truncated"] >= 0 and report["max_tokens"] == 256
+
+
+def test_watch_index_makes_a_save_searchable(tmp_path: Path) -> None:
+    """``watch --index``: after the save's sync, the index holds the new text (waits on events)."""
+    import queue
+    import signal
+    import threading
+
+    corpus, out = tmp_path / "corpus", tmp_path / "chunks"
+    corpus.mkdir()
+    (corpus / "a.md").write_text("# A\n\nThe first version of this page.\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "pipeline", "watch", str(corpus), "--out", str(out), "--json", "--index"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[dict[str, object]] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout or ():
+            if line.strip().startswith("{"):
+                lines.put(json.loads(line))
+
+    threading.Thread(target=pump, daemon=True).start()
+
+    def next_index() -> dict[str, object]:
+        while True:
+            event = lines.get(timeout=120)
+            if event.get("event") == "index":
+                return event
+
+    try:
+        first = next_index()
+        assert first["added"] == 1
+        (corpus / "a.md").write_text("# A\n\nA zebracorn appeared in the second version.\n", encoding="utf-8")
+        second = next_index()
+        assert second["updated"] + second["added"] >= 1 and second["embedded"] == 1
+        found = search(out, "zebracorn", k=1, mode="bm25")
+        assert found["items"] and "zebracorn" in found["items"][0]["text"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)

@@ -168,6 +168,13 @@ def watch_cmd(
     ] = False,
     quiet: QuietOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON line per event on stdout.")] = False,
+    index: Annotated[
+        bool, typer.Option("--index", help="After each sync, apply the change feed to the index too.")
+    ] = False,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="The index for --index (default OUT/.chunkyard/index.sqlite)."),
+    ] = None,
 ) -> None:
     """Sync once like ingest, then re-chunk each document as it is saved (Ctrl-C stops)."""
     from pipeline.cli.watch import serve  # watchdog is only imported by this command
@@ -193,6 +200,8 @@ def watch_cmd(
             polling=polling,
             quiet=quiet,
             json_out=json_out,
+            index=index,
+            store=store,
         )
     except PipelineError as exc:
         err.print(f"[red]error:[/] {exc}")

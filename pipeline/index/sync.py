@@ -61,6 +61,7 @@ def _batch_size() -> int:
         raise UsageError(f"{BATCH_ENV}={raw!r}: expected a whole number of texts >= 1")
     return EMBED_BATCH
 
+
 #: ``on_progress(stage, done, total)``: stage ``plan``, ``embed`` or ``commit``.
 Progress = Callable[[str, int, int], None]
 
