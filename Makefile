@@ -8,6 +8,7 @@ OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: install ingest test lint bench bench-watch bench-retrieval bench-adapters fuzz watch clean
+.PHONY: bench-index
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +62,9 @@ bench-view: $(STAMP) browser ## report size and time to open it in headless Chro
 
 bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
+
+bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index
+	$(BIN)/python bench/index_bench.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py
