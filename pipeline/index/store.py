@@ -155,6 +155,7 @@ class VectorStore(Protocol):
     """A vector store as the index drives it; ids are ``chunk_id``s."""
 
     kind: str  #: ``sqlite-vec`` or ``lancedb``: the prefix of ``index_hash``
+    analyzer: str  #: the BM25 side's analyzer (``pipeline.index.analyzer``)
     path: Path
 
     def meta(self) -> dict[str, str]:
@@ -236,6 +237,13 @@ def open_store(
             + "`)"
         )
     return open_at(kind, path, dim=dim)
+
+
+def analyzer_of(kind: str) -> str:
+    """The BM25 analyzer the store of ``kind`` reads and writes with."""
+    from pipeline.index.analyzer import ANALYZER, LANCE_ANALYZER
+
+    return LANCE_ANALYZER if kind == "lancedb" else ANALYZER
 
 
 def open_at(kind: str, path: Path, *, dim: int | None = None) -> VectorStore:

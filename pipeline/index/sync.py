@@ -34,7 +34,6 @@ from typing import Any
 import orjson
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import ANALYZER
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
@@ -43,7 +42,7 @@ from pipeline.index.identity import (
     rebuild_hint,
     set_digest,
 )
-from pipeline.index.store import ChunkRow, RowState, Vector, VectorStore, open_at, store_spec
+from pipeline.index.store import ChunkRow, RowState, Vector, VectorStore, analyzer_of, open_at, store_spec
 from pipeline.run.changes import CursorLostError, read_changes
 from pipeline.run.state import STATE_DIR
 
@@ -157,7 +156,7 @@ def _run(
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
     embedder, spec = _embedder(embedder, stored)
-    wanted = {**embedder_config(embedder), "analyzer": ANALYZER}
+    wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
     hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
     check_compatible(stored, wanted, where=str(path), hint=hint)
     where = str(out.resolve())
