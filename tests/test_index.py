@@ -241,3 +241,27 @@ def test_check_citations_follows_the_live_index_hash(fresh: tuple[Path, Path], t
     )
     assert bad.returncode == 1
     assert json.loads(bad.stdout)["code"] == "mismatch_index_hash"
+
+
+def test_a_locked_database_fails_the_run_and_keeps_the_index(fresh: tuple[Path, Path]) -> None:
+    """Another process holds SQLite's write lock for the whole run: StoreError, nothing lost."""
+    import apsw
+
+    from pipeline.index.store import StoreError
+
+    corpus, out = fresh
+    before = store_state(out)
+    (corpus / "getting-started.md").write_text("# Getting started\n\nAll new text.\n", encoding="utf-8")
+    run_ingest(corpus, out)
+    holder = apsw.Connection(str(out / ".chunkyard" / "index.sqlite"))
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreError, match="locked"):
+            index(out)
+        assert search(out, "configuration", k=1, mode="bm25")["items"]  # readers still read
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert store_state(out) == before
+    index(out)
+    assert store_state(out) == chunk_state(out)
