@@ -22,8 +22,7 @@ import pytest
 from pipeline.errors import UsageError
 from pipeline.index import index, search
 from pipeline.index.embedders import OnnxEmbedder, make_embedder
-from pipeline.index.store import IndexMismatchError
-from pipeline.index.sync import store_lock
+from pipeline.index.store import IndexMismatchError, store_lock
 from tests.index_support import chunk_state, copy_sample, fresh_copy, run_ingest, store_state, vector_ids
 from tests.test_redirects import EDITS, apply_edit
 
@@ -263,5 +262,35 @@ def test_a_locked_database_fails_the_run_and_keeps_the_index(fresh: tuple[Path, 
         holder.execute("ROLLBACK")
         holder.close()
     assert store_state(out) == before
+    index(out)
+    assert store_state(out) == chunk_state(out)
+
+
+def _small_files() -> None:
+    """In the child: files may not grow past 64 KB (a full disk, as SQLite sees it)."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+
+def test_a_full_disk_fails_the_run_and_keeps_the_index(fresh: tuple[Path, Path]) -> None:
+    corpus, out = fresh
+    before = store_state(out)
+    for path in sorted(corpus.rglob("*.md")):
+        path.write_text(path.read_text(encoding="utf-8") + "\n\nA closing paragraph, new.\n", encoding="utf-8")
+    run_ingest(corpus, out)
+    full = subprocess.run(
+        [sys.executable, "-m", "pipeline", "index", "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=_small_files,
+    )
+    assert full.returncode == 2, full.stdout + full.stderr
+    assert "could not be written" in full.stderr or "disk" in full.stderr.lower(), full.stderr
+    assert store_state(out) == before
+    assert search(out, "configuration", k=1, mode="bm25")["items"]
     index(out)
     assert store_state(out) == chunk_state(out)

@@ -22,11 +22,9 @@ One writer per store (a lock file beside it); a second run waits, or fails at on
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,16 @@ from pipeline.index.identity import (
     rebuild_hint,
     set_digest,
 )
-from pipeline.index.store import ChunkRow, RowState, Vector, VectorStore, analyzer_of, open_at, store_spec
+from pipeline.index.store import (
+    ChunkRow,
+    RowState,
+    Vector,
+    VectorStore,
+    analyzer_of,
+    open_at,
+    store_lock,
+    store_spec,
+)
 from pipeline.run.changes import CursorLostError, read_changes
 from pipeline.run.state import STATE_DIR
 
@@ -402,33 +409,3 @@ def _remove(path: Path) -> None:
     for p in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
         if p.is_file():
             p.unlink()
-
-
-@contextmanager
-def store_lock(
-    path: Path, *, wait: bool = True, on_wait: Callable[[str], None] | None = None
-) -> Iterator[None]:
-    """One writer per store: ``flock`` on ``<store>.lock``; it dies with its holder."""
-    lock = path.with_name(path.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(lock, "a+")  # noqa: SIM115 - held for the whole run
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another chunkyard index"
-            if not wait:
-                raise UsageError(
-                    f"{path} is being indexed by {holder}; wait for it, or drop --no-wait"
-                ) from None
-            if on_wait is not None:
-                on_wait(holder)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
-        yield
-    finally:
-        fh.close()
