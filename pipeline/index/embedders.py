@@ -13,6 +13,8 @@ and shared by every embedder with the same thread cap.
 Specs understood by :func:`make_embedder`:
 
 * ``None``, ``"default"``, ``"onnx"`` or ``"onnx:all-MiniLM-L6-v2-int8"``: the ONNX model.
+* ``"openai:MODEL@http://HOST:PORT/v1"``: an OpenAI-compatible ``/v1/embeddings`` server
+  (``pipeline.index.embed_openai``; ``pipeline.index.serve_embeddings`` serves the ONNX model).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pipeline.errors import UsageError
+from pipeline.errors import PipelineError, UsageError
 from pipeline.stages.wordpiece import INSTALL_HINT, MODEL_WINDOW, count_wordpieces, new_model_tokenizer
 
 if TYPE_CHECKING:
@@ -40,6 +42,13 @@ DEFAULT_THREADS = 2
 #: Texts per model call: sorted by length, so a batch pads to near its own longest text.
 DEFAULT_BATCH = 32
 THREADS_ENV = "CHUNKYARD_EMBED_THREADS"
+
+
+class EmbedderError(PipelineError):
+    """An embedder failed at run time (server down, bad answer, wrong dimension).
+
+    The index keeps its previous state; the message names the model or URL and the fix.
+    """
 
 
 @runtime_checkable
@@ -180,4 +189,10 @@ def make_embedder(spec: str | None = None, *, threads: int | None = None) -> Emb
     """
     if spec is None or spec in ("default", "onnx", ONNX_NAME):
         return OnnxEmbedder(threads=threads)
-    raise UsageError(f"unknown embedder {spec!r}; use 'default' (= {ONNX_NAME!r})")
+    if spec.startswith("openai:"):
+        from pipeline.index.embed_openai import parse_openai_spec
+
+        return parse_openai_spec(spec)
+    raise UsageError(
+        f"unknown embedder {spec!r}; use 'default' (= {ONNX_NAME!r}), 'st:MODEL' or 'openai:MODEL@URL'"
+    )
