@@ -13,6 +13,7 @@ and shared by every embedder with the same thread cap.
 Specs understood by :func:`make_embedder`:
 
 * ``None``, ``"default"``, ``"onnx"`` or ``"onnx:all-MiniLM-L6-v2-int8"``: the ONNX model.
+* ``"st:NAME"``: a sentence-transformers model by name or path (``pipeline.index.embed_st``).
 * ``"openai:MODEL@http://HOST:PORT/v1"``: an OpenAI-compatible ``/v1/embeddings`` server
   (``pipeline.index.embed_openai``; ``pipeline.index.serve_embeddings`` serves the ONNX model).
 """
@@ -189,6 +190,10 @@ def make_embedder(spec: str | None = None, *, threads: int | None = None) -> Emb
     """
     if spec is None or spec in ("default", "onnx", ONNX_NAME):
         return OnnxEmbedder(threads=threads)
+    if spec.startswith("st:"):
+        from pipeline.index.embed_st import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(spec.removeprefix("st:"), threads=threads)
     if spec.startswith("openai:"):
         from pipeline.index.embed_openai import parse_openai_spec
 
