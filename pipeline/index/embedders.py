@@ -62,7 +62,8 @@ class Embedder(Protocol):
     dim: int
     #: True when vectors come out L2-normalised (cosine = dot product).
     normalized: bool
-    #: the model's window in its own units; longer texts are cut there.
+    #: the model's window in its own units, special tokens included: the ONNX and st: MiniLM
+    #: add [CLS] and [SEP], so a text is cut when ``count_tokens(text) > max_tokens - 2``.
     max_tokens: int
 
     def embed(self, texts: Sequence[str]) -> numpy.ndarray:
