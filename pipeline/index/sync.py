@@ -188,7 +188,9 @@ def _run(
         report.redirected = sum(1 for old, new in redirects if old in doomed and new in after)
         report.deleted = len(doomed)
         report.chunks = len(after)
-        report.truncated = sum(1 for s in after.values() if s.model_tokens > embedder.max_tokens)
+        report.truncated = sum(
+            1 for s in after.values() if s.model_tokens > embedder.max_tokens - 2
+        )  # [CLS], [SEP]
         meta = {
             **wanted,
             "format": FORMAT,
