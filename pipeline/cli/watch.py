@@ -178,12 +178,16 @@ def _indexing(
     then: Any, opts: Options, store: str | None, *, out: Console, err: Console, quiet: bool, json_out: bool
 ) -> Any:
     """``on_sync`` that reports the sync, then applies the change feed to the index."""
-    from pipeline.index.sync import index
+    from pipeline.index.sync import index, index_embedder
+
+    embedder: list[Any] = []  #: made on the first run, kept: the model loads once
 
     def on_sync(report: Any) -> None:
         then(report)
         try:
-            done = index(opts.out, store)
+            if not embedder:
+                embedder.append(index_embedder(opts.out, store))
+            done = index(opts.out, store, embedder[0])
         except PipelineError as exc:  # the index is as it was; the next save tries again
             err.print(f"[red]index:[/] {exc}", highlight=False, markup=True)
             return

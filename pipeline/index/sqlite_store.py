@@ -68,6 +68,7 @@ class SqliteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = _connect(self.path)
         self._dim = dim
+        self._vectors_exist = False
         try:
             self._conn.execute(
                 "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -206,9 +207,11 @@ class SqliteStore:
     # --- inside ---------------------------------------------------------------------------
 
     def _has_vectors(self) -> bool:
-        return bool(
-            list(self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='vectors'"))
-        )
+        if not self._vectors_exist:
+            self._vectors_exist = bool(
+                list(self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='vectors'"))
+            )
+        return self._vectors_exist
 
     def _ensure_vectors(self, dim: int) -> None:
         if not self._has_vectors():
@@ -227,6 +230,25 @@ class SqliteStore:
 
     def _put(self, row: ChunkRow, vector: Vector | None) -> None:
         """Replace (or add) one row; a ``None`` vector keeps the stored one (same text)."""
+        if vector is None:  # the same embedded text: vector and FTS row stay, the payload moves
+            self._conn.execute(
+                "UPDATE chunks SET file = ?, hash = ?, row_digest = ?, model_tokens = ?, doc_id = ?,"
+                " section_id = ?, source_file = ?, text = ?, payload = ? WHERE chunk_id = ?",
+                (
+                    row.file,
+                    row.hash,
+                    row.row_digest,
+                    row.model_tokens,
+                    row.doc_id,
+                    row.section_id,
+                    row.source_file,
+                    row.text,
+                    row.to_json(),
+                    row.chunk_id,
+                ),
+            )
+            if self._conn.changes():
+                return
         self._drop(row.chunk_id, keep_vector=vector is None)
         self._conn.execute(
             "INSERT INTO chunks(chunk_id, file, hash, digest, row_digest, model_tokens, doc_id,"

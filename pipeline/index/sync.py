@@ -226,6 +226,15 @@ def _done(report: IndexReport, started: float) -> IndexReport:
     return report
 
 
+def index_embedder(out: Path | str, store: str | Path | None = None) -> Any:
+    """The embedder the index of ``out`` was built with (the default for a new one), made once.
+
+    ``watch --index`` keeps it for every run: the model and its tokenizer load once.
+    """
+    kind, path = store_spec(Path(out), store)
+    return _embedder(None, _stored_meta(kind, path))[0]
+
+
 def _stored_meta(kind: str, path: Path) -> dict[str, str]:
     """The meta of the index at ``path`` (empty when there is none yet)."""
     if not path.exists():
@@ -240,6 +249,8 @@ def _stored_meta(kind: str, path: Path) -> dict[str, str]:
 def _embedder(embedder: Any, stored: dict[str, str]) -> tuple[Any, str]:
     """The embedder object and the spec that makes it again (kept in the index's meta)."""
     if embedder is not None and not isinstance(embedder, str):
+        if stored.get("embed_model") == embedder.name and stored.get("embed_spec"):
+            return embedder, stored["embed_spec"]  # the same model, made by the caller (watch keeps one)
         return embedder, str(getattr(embedder, "spec", "") or embedder.name)
     from pipeline.index.embedders import make_embedder
 
