@@ -4,7 +4,8 @@
 2. the time to ``chunkyard index`` the given corpora (default: eips + rust-book +
    powershell-docs, the 18 MB benchmark corpus; many minutes on 2 cores);
 3. hybrid query latency p50 / p95 over the index (questions from the gold sets);
-4. re-index after a one-paragraph edit (ingest + index).
+4. re-index after a one-paragraph edit (ingest + index);
+5. ``watch --index``: save of a 20 KB document → its new text searchable, p50 / p95.
 
 Usage: ``python bench/index_bench.py [--corpora rust-book eips ...] [--queries 100]``.
 """
@@ -31,7 +32,11 @@ def main() -> None:
     parser.add_argument("--corpora", nargs="+", default=DEFAULT)
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--sample", type=int, default=512, help="texts for the throughput figure")
+    parser.add_argument("--watch-only", action="store_true", help="only the watch --index latency")
     args = parser.parse_args()
+    if args.watch_only:
+        print(json.dumps(watch_latency(), indent=2))
+        return
 
     from pipeline.index import Searcher, index
     from pipeline.index.embedders import make_embedder
@@ -46,8 +51,7 @@ def main() -> None:
         ingest(Options(corpus=corpus, out=out))
         ingest_s = time.perf_counter() - t0
         texts = [
-            json.loads(p.read_bytes())["embedText"]
-            for p in sorted(out.rglob("doc_*.json"))[: args.sample]
+            json.loads(p.read_bytes())["embedText"] for p in sorted(out.rglob("doc_*.json"))[: args.sample]
         ]
         embedder = make_embedder(None)
         embedder.embed(texts[:8])  # load the model
@@ -90,7 +94,57 @@ def main() -> None:
             "edit_index_s": round(edit_index, 3),
             "edit_embedded": again.embedded,
         }
+        result |= watch_latency()
         print(json.dumps(result, indent=2))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def watch_latency(saves: int = 20) -> dict[str, float]:
+    """``watch --index``: from the save of a 20 KB document to its new text being searchable."""
+    import subprocess
+
+    from pipeline.index import search
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-watch-index-"))
+    try:
+        corpus, out = scratch / "corpus", scratch / "chunks"
+        shutil.copytree(ROOT / "corpus", corpus)
+        paragraph = "Words about indexing a corpus of Markdown while it is being edited. " * 4
+        body = "\n\n".join(f"## Part {i}\n\n{paragraph}" for i in range(64))
+        doc = corpus / "big.md"
+        doc.write_text(f"# Big\n\n{body}\n", encoding="utf-8")
+        cmd = [sys.executable, "-m", "pipeline", "watch", str(corpus), "--out", str(out), "--json", "--index"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        stream = proc.stdout
+        assert stream is not None
+
+        def next_index() -> dict[str, object]:
+            for line in stream:
+                if line.startswith("{") and '"event":"index"' in line.replace(" ", ""):
+                    event: dict[str, object] = json.loads(line)
+                    return event
+            raise RuntimeError("watch ended")
+
+        next_index()
+        took = []
+        for i in range(saves):
+            token = f"zebracorn{i}x"
+            text = doc.read_text(encoding="utf-8").replace("## Part 7\n\n", f"## Part 7\n\n{token} ", 1)
+            t0 = time.perf_counter()
+            doc.write_text(text, encoding="utf-8")
+            next_index()  # a save can be seen twice (truncate, write): wait for the run that has it
+            while not search(out, token, k=1, mode="bm25")["items"]:
+                next_index()
+            took.append((time.perf_counter() - t0) * 1000)
+        proc.terminate()
+        proc.wait(timeout=60)
+        took.sort()
+        return {
+            "watch_index_p50_ms": round(statistics.median(took), 1),
+            "watch_index_p95_ms": round(took[int(0.95 * (len(took) - 1))], 1),
+            "doc_kb": round(doc.stat().st_size / 1024, 1),
+        }
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
