@@ -100,9 +100,9 @@ def test_reconcile_repairs_a_store_that_drifted(fresh: tuple[Path, Path], tmp_pa
     victim = sorted(chunk_state(out))[3]
     conn.execute("DELETE FROM chunks WHERE chunk_id = ?", (victim,))
     conn.execute(
-        "INSERT INTO chunks(chunk_id, file, hash, digest, row_digest, model_tokens, doc_id, section_id,"
-        " source_file, text, payload) VALUES ('ghost|r=0|s=1|p=000|b=000', 'x.json', 'h', 'd', 'r', 1,"
-        " 'ghost', '1', 'x.md', 'boo', '{}')"
+        "INSERT INTO chunks(chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash, doc_id,"
+        " section_id, source_file, text, payload) VALUES ('ghost|r=0|s=1|p=000|b=000', 'x.json', 'h', 'd',"
+        " 'r', 1, 'p', 'ghost', '1', 'x.md', 'boo', '{}')"
     )
     conn.close()
     report = index(out, reconcile=True)
@@ -279,7 +279,9 @@ def test_a_full_disk_fails_the_run_and_keeps_the_index(fresh: tuple[Path, Path])
     corpus, out = fresh
     before = store_state(out)
     for path in sorted(corpus.rglob("*.md")):
-        path.write_text(path.read_text(encoding="utf-8") + "\n\nA closing paragraph, new.\n", encoding="utf-8")
+        path.write_text(
+            path.read_text(encoding="utf-8") + "\n\nA closing paragraph, new.\n", encoding="utf-8"
+        )
     run_ingest(corpus, out)
     full = subprocess.run(
         [sys.executable, "-m", "pipeline", "index", "--out", str(out), "--json"],

@@ -26,7 +26,7 @@ from pipeline.index.store import ChunkRow, RowState, StoreError, Vector
 
 META = "meta.json"
 OPTIMIZE_EVERY = 10  #: commits between compactions
-_COLUMNS = ["chunk_id", "file", "hash", "digest", "row_digest", "model_tokens"]
+_COLUMNS = ["chunk_id", "file", "hash", "digest", "row_digest", "policy_hash", "model_tokens"]
 
 
 def _quote(values: Collection[str]) -> str:
@@ -119,7 +119,7 @@ class LanceStore:
     def states(self) -> dict[str, RowState]:
         return {
             r["chunk_id"]: RowState(
-                r["file"], r["hash"], r["digest"], r["row_digest"], int(r["model_tokens"])
+                r["file"], r["hash"], r["digest"], r["row_digest"], int(r["model_tokens"]), r["policy_hash"]
             )
             for r in self._scan(self._chunks, None, _COLUMNS)
         }
@@ -228,6 +228,7 @@ class LanceStore:
                     "hash": row.hash,
                     "digest": row.digest,
                     "row_digest": row.row_digest,
+                    "policy_hash": row.policy_hash,
                     "model_tokens": row.model_tokens,
                     "doc_id": row.doc_id,
                     "section_id": row.section_id,

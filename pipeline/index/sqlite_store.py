@@ -74,7 +74,8 @@ class SqliteStore:
                 "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
                 "CREATE TABLE IF NOT EXISTS chunks(chunk_id TEXT NOT NULL UNIQUE, file TEXT NOT NULL,"
                 " hash TEXT NOT NULL, digest TEXT NOT NULL, row_digest TEXT NOT NULL,"
-                " model_tokens INTEGER NOT NULL, doc_id TEXT NOT NULL, section_id TEXT NOT NULL,"
+                " model_tokens INTEGER NOT NULL, policy_hash TEXT NOT NULL, doc_id TEXT NOT NULL,"
+                " section_id TEXT NOT NULL,"
                 " source_file TEXT NOT NULL, text TEXT NOT NULL, payload BLOB NOT NULL);"
                 "CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);"
                 "CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source_file);"
@@ -93,9 +94,9 @@ class SqliteStore:
 
     def states(self) -> dict[str, RowState]:
         return {
-            cid: RowState(file, h, digest, row_digest, int(tokens))
-            for cid, file, h, digest, row_digest, tokens in self._conn.execute(
-                "SELECT chunk_id, file, hash, digest, row_digest, model_tokens FROM chunks"
+            cid: RowState(file, h, digest, row_digest, int(tokens), policy)
+            for cid, file, h, digest, row_digest, tokens, policy in self._conn.execute(
+                "SELECT chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash FROM chunks"
             )
         }
 
@@ -232,13 +233,14 @@ class SqliteStore:
         """Replace (or add) one row; a ``None`` vector keeps the stored one (same text)."""
         if vector is None:  # the same embedded text: vector and FTS row stay, the payload moves
             self._conn.execute(
-                "UPDATE chunks SET file = ?, hash = ?, row_digest = ?, model_tokens = ?, doc_id = ?,"
-                " section_id = ?, source_file = ?, text = ?, payload = ? WHERE chunk_id = ?",
+                "UPDATE chunks SET file = ?, hash = ?, row_digest = ?, model_tokens = ?, policy_hash = ?,"
+                " doc_id = ?, section_id = ?, source_file = ?, text = ?, payload = ? WHERE chunk_id = ?",
                 (
                     row.file,
                     row.hash,
                     row.row_digest,
                     row.model_tokens,
+                    row.policy_hash,
                     row.doc_id,
                     row.section_id,
                     row.source_file,
@@ -251,8 +253,8 @@ class SqliteStore:
                 return
         self._drop(row.chunk_id, keep_vector=vector is None)
         self._conn.execute(
-            "INSERT INTO chunks(chunk_id, file, hash, digest, row_digest, model_tokens, doc_id,"
-            " section_id, source_file, text, payload) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO chunks(chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash,"
+            " doc_id, section_id, source_file, text, payload) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 row.chunk_id,
                 row.file,
@@ -260,6 +262,7 @@ class SqliteStore:
                 row.digest,
                 row.row_digest,
                 row.model_tokens,
+                row.policy_hash,
                 row.doc_id,
                 row.section_id,
                 row.source_file,

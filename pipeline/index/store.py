@@ -135,6 +135,7 @@ class RowState:
     digest: str
     row_digest: str
     model_tokens: int
+    policy_hash: str = ""
 
 
 class StoreError(PipelineError):

@@ -184,7 +184,9 @@ def _run(
         upserts = _embed(db, embedder, live, states, report, on_progress)
         after = {cid: s for cid, s in states.items() if cid not in doomed}
         for row, _ in upserts:
-            after[row.chunk_id] = RowState(row.file, row.hash, row.digest, row.row_digest, row.model_tokens)
+            after[row.chunk_id] = RowState(
+                row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash
+            )
         report.redirected = sum(1 for old, new in redirects if old in doomed and new in after)
         report.deleted = len(doomed)
         report.chunks = len(after)
@@ -201,9 +203,7 @@ def _run(
             "chunks": str(report.chunks),
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        policies = {r.policy_hash for r, _ in upserts} | set(
-            filter(None, stored.get("policies", "").split(","))
-        )
+        policies = {s.policy_hash for s in after.values()}  #: of the chunks indexed now
         meta["policies"] = ",".join(sorted(policies))
         meta["index_hash"] = index_hash(
             db.kind, meta, policies, set_digest((c, s.hash) for c, s in after.items())
