@@ -232,6 +232,8 @@ def test_check_citations_follows_the_live_index_hash(fresh: tuple[Path, Path], t
     assert ok.returncode == 0, ok.stdout
     report = index(out, embedder=OtherWindow(), rebuild=True)
     assert report.reason == "rebuild" and report.index_hash != item["index_hash"]
+    assert store_state(out) == chunk_state(out)
+    assert not (out / ".chunkyard" / "index.sqlite.rebuild").exists()
     bad = subprocess.run(
         [*cli, "check-citations", str(answer), "--out", str(out), "--json"],
         capture_output=True,

@@ -202,6 +202,10 @@ class SqliteStore:
                 (generation - CACHE_RUNS,),
             )
 
+    def checkpoint(self) -> None:
+        """Move the WAL into the database file and empty it (before the file is swapped out)."""
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def close(self) -> None:
         self._conn.close()
 

@@ -401,14 +401,23 @@ def _rebuild(
     if embedder is None:  # the same embedder as before: a rebuild from scratch
         embedder = _stored_meta(kind, path).get("embed_spec") or None
     report = _run(out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress)
-    for suffix in ("-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
-    if fresh.is_dir():
+    if fresh.is_dir():  # LanceDB: a folder cannot be swapped in one step; the old one goes last
+        old = path.with_name(path.name + ".old")
+        _remove(old)
         if path.exists():
-            shutil.rmtree(path)
+            os.replace(path, old)
         os.replace(fresh, path)
+        shutil.rmtree(old, ignore_errors=True)
     else:
-        os.replace(fresh, path)
+        if path.exists():  # the old file's WAL emptied into it first: its WAL never meets the new file
+            db = open_at(kind, path)
+            try:
+                getattr(db, "checkpoint", lambda: None)()
+            finally:
+                db.close()
+        os.replace(fresh, path)  # one atomic step: readers see the old index or the new one
+        for suffix in ("-wal", "-shm"):
+            Path(str(path) + suffix).unlink(missing_ok=True)
     report.store = str(path)
     report.reason = "rebuild"
     return report
