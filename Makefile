@@ -12,7 +12,7 @@ CHROMIUM ?= /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex]'  # the adapters' tests need both frameworks
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed]'  # the adapters' tests need both frameworks; embed: the ONNX embedder
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools
@@ -45,6 +45,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check pipeline tests bench
 	$(BIN)/ruff format --check pipeline
 	$(BIN)/mypy pipeline
+
+.PHONY: test-st
+test-st: $(STAMP) ## the sentence-transformers embedder's tests (extra 'st': torch 2.13.0 CPU + sentence-transformers, ~1.5 GB)
+	$(BIN)/python -m pip install --quiet torch==2.13.0  # here: the CPU wheel on disk; elsewhere add --index-url https://download.pytorch.org/whl/cpu
+	$(BIN)/python -m pip install --quiet -e '.[st]'
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests/test_embed_st.py
 
 bench: $(STAMP) ## throughput against the splitters people use (pip install -e '.[bench]' for the peers)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -101,7 +102,7 @@ def ingest_cmd(
                 on_wait=waiting,
             )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")  # brackets in it are text, not markup
         raise typer.Exit(2) from None
     report(summary, quiet=quiet, json_out=json_out)
     raise typer.Exit(summary.exit_code)
@@ -195,7 +196,7 @@ def watch_cmd(
             json_out=json_out,
         )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")  # brackets in it are text, not markup
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
