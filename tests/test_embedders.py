@@ -107,7 +107,7 @@ def test_bad_specs_and_thread_caps_are_usage_errors(monkeypatch: pytest.MonkeyPa
 def test_importing_pipeline_loads_no_model_runtime() -> None:
     code = (
         "import sys, pipeline, pipeline.index, pipeline.index.embedders, pipeline.stages.wordpiece\n"
-        "loaded = [m for m in ('numpy', 'onnxruntime', 'tokenizers') if m in sys.modules]\n"
+        "loaded = [m for m in ('numpy', 'onnxruntime', 'tokenizers', 'tokie') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,6 +7,7 @@ units makes chunks that fit it, except the blocks the split rules never cut (SPE
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from typer.testing import CliRunner
 from pipeline.cli.app import app
 from pipeline.errors import UsageError
 from pipeline.models import Policy
+from pipeline.stages import wordpiece
 from pipeline.stages.tokens import TOKENIZERS, Counter, get_encoding
 from pipeline.stages.wordpiece import MODEL_WINDOW
 
@@ -164,3 +166,56 @@ def test_ingest_without_tokenizers_exits_2_naming_the_extra(tmp_path: Path) -> N
     assert proc.returncode == 2, proc.stderr
     assert "needs the 'tokenizers' package: pip install 'chunkyard[embed]'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# -- the fast path: tokie counts text made of TOKIE_RANGES, tokenizers the rest ----------------
+
+needs_tokie = pytest.mark.skipif(
+    importlib.util.find_spec("tokie") is None, reason="tokie not installed (extra 'embed'): only the exact path runs"
+)
+TOKIE_CODEPOINTS = [c for a, b in wordpiece.TOKIE_RANGES for c in range(a, b + 1)]
+
+
+@needs_tokie
+def test_the_fast_path_is_on_when_the_checked_tokie_is_installed() -> None:
+    assert wordpiece._tokie_counter() is not None
+    assert wordpiece._TOKIE_TEXT.fullmatch("Ownership — “moves” the value; 所有権 🎉 →")
+    for outside in ("\x7f", "\u0378", "\u2e52", "\U0002b73a", "\ufffe"):  # tokie and tokenizers disagree here
+        assert not wordpiece._TOKIE_TEXT.fullmatch(f"abc{outside}def")
+
+
+@needs_tokie
+@pytest.mark.parametrize("context", ["{c}", "ab{c}cd {c} {c}{c}x", "{c}ing", "x{c}" * 40])
+def test_tokie_counts_every_code_point_of_its_ranges_as_tokenizers_does(context: str) -> None:
+    import tokie
+
+    fast = tokie.Tokenizer.from_json(str(Path(wordpiece.__file__).with_name(wordpiece.TOKENIZER_FILE)))
+    texts = [context.format(c=chr(c)) for c in TOKIE_CODEPOINTS]
+    want = [len(ids) for ids in map(reference, texts)]
+    got = fast.count_tokens_batch(texts)
+    wrong = [hex(c) for c, w, g in zip(TOKIE_CODEPOINTS, want, got, strict=True) if w != g]
+    assert wrong == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.lists(
+        st.sampled_from([chr(c) for c in TOKIE_CODEPOINTS[::7]]) | st.sampled_from(list("ab z.,'\n-")),
+        max_size=300,
+    ).map("".join)
+)
+def test_mixes_of_the_ranges_count_as_tokenizers_does(text: str) -> None:
+    assert wordpiece._TOKIE_TEXT.fullmatch(text)
+    assert Counter("wordpiece").count(text) == len(reference(text))
+
+
+@pytest.mark.corpora
+def test_every_corpus_paragraph_counts_as_tokenizers_does(corpora_dir: Path) -> None:
+    fresh = Counter("wordpiece")
+    checked = 0
+    for path in sorted(corpora_dir.rglob("*.md")):
+        text = path.read_bytes().decode("utf-8", "replace").replace("\r\n", "\n")
+        for para in text.split("\n\n"):
+            assert fresh.count(para) == len(reference(para)), (path, para[:80])
+            checked += 1
+    assert checked > 100_000
