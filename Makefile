@@ -12,7 +12,7 @@ CHROMIUM ?= /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex]'  # the adapters' tests need both frameworks
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,ray]'  # the adapters' tests need both frameworks; tests/test_ray.py needs ray
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools
