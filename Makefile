@@ -62,6 +62,10 @@ bench-view: $(STAMP) browser ## report size and time to open it in headless Chro
 bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
 
+.PHONY: bench-ray
+bench-ray: $(STAMP) ## --executor ray vs the local pool, and the parent's cost per document (a loopback-only cluster: needs root)
+	$(BIN)/python bench/ray_overhead.py $(BENCH_ARGS)
+
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py
 

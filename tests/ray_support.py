@@ -33,6 +33,9 @@ NODE_MANAGER_PORT = 6400  #: the head's raylet, then one up per node: how a test
 OBJECT_STORE_BYTES = 100_000_000  #: per node; Ray would take 30 % of the machine's memory
 ADDRESS = f"127.0.0.1:{HEAD_PORT}"
 
+#: What every ``ray start`` of a test adds: one CPU, a capped object store, no usage stats.
+FENCES = f"--num-cpus=1 --object-store-memory={OBJECT_STORE_BYTES} --disable-usage-stats"
+
 #: For every process of the test cluster (the nodes and each driver).
 RAY_ENV = {
     "RAY_AUTH_MODE": "disabled",
@@ -86,15 +89,13 @@ class LoopbackCluster:
     def __init__(self, nodes: int = 2, hide: Path | None = None) -> None:
         self.temp = Path(tempfile.mkdtemp(prefix="cy-ray-", dir="/tmp"))  # short: Ray's socket paths
         ray = BIN / "ray"
-        common = f"--num-cpus=1 --object-store-memory={OBJECT_STORE_BYTES} --disable-usage-stats"
-        lines = [
-            "set -e",
-            "ip link set lo up",
-            (
+        common = FENCES
+        lines = ["set -e", "ip link set lo up"]
+        if nodes:  # none: the namespace only, for a test that starts Ray itself
+            lines.append(
                 f"{ray} start --head --port={HEAD_PORT} {common} --include-dashboard=false "
                 f"--node-manager-port={NODE_MANAGER_PORT} --temp-dir={self.temp}/head > {self.temp}/head.log 2>&1"
-            ),
-        ]
+            )
         for i in range(1, nodes):
             start = (
                 f"{ray} start --address={ADDRESS} {common} --node-manager-port={NODE_MANAGER_PORT + i} "
@@ -137,16 +138,24 @@ class LoopbackCluster:
             return self.proc.stdout.read() or ""
         return ""
 
-    def command(self, args: Sequence[str]) -> list[str]:
-        """``args`` as run inside the namespace."""
-        return ["nsenter", "--target", str(self.init_pid), "--net", "--pid", "--mount", "--", *args]
+    def command(self, args: Sequence[str], cwd: Path | None = None) -> list[str]:
+        """``args`` as run inside the namespace (in ``cwd``, if given)."""
+        wd = [f"--wd={cwd}"] if cwd is not None else []
+        return ["nsenter", "--target", str(self.init_pid), "--net", "--pid", "--mount", *wd, "--", *args]
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **RAY_ENV}
 
-    def run(self, args: Sequence[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, args: Sequence[str], timeout: float = 300, cwd: Path | None = None, **env: str
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.command(args), check=False, capture_output=True, text=True, timeout=timeout, env=self.env()
+            self.command(args, cwd),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**self.env(), **env},
         )
 
     def start(self, args: Sequence[str]) -> subprocess.Popen[str]:

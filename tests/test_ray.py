@@ -31,7 +31,8 @@ from typing import Any
 import orjson
 import pytest
 from conftest import stable_bytes
-from ray_support import LoopbackCluster, skip_without_namespaces
+from ray_support import BIN, FENCES, LoopbackCluster, skip_without_namespaces
+from test_docs import ROOT, blocks
 
 from pipeline.run.ingest import Options, ingest
 
@@ -270,6 +271,34 @@ def test_a_node_without_the_shared_file_system_is_refused(tmp_path: Path) -> Non
     assert "the output is not visible" in said and "same path" in said, said
     assert not list((shared / "out").rglob("doc_*.json"))  # refused before any document went out
     assert not [p for p in (shared / "out" / ".chunkyard").iterdir() if p.name.startswith("probe-")]
+
+
+# -- the docs' commands ----------------------------------------------------------------------
+
+
+def test_the_docs_commands_for_a_ray_cluster_run(corpora_dir: Path, tmp_path: Path) -> None:
+    """docs/operations.md's Ray block, line by line, in a namespace of its own (test_docs skips it)."""
+    skip_without_namespaces()
+    page = ROOT / "docs" / "operations.md"
+    (block,) = [b for b in blocks(page, "sh") if "ray start --head" in b]
+    lines = [line for line in block.splitlines() if line.strip() and "pip install" not in line]
+    assert [line.split()[:2] for line in lines] == [["ray", "start"]] * 2 + [["chunkyard", "ingest"]] * 2
+    sandbox = tmp_path / "sandbox"
+    shutil.copytree(ROOT / "corpus", sandbox / "corpus")
+    c = LoopbackCluster(nodes=0)
+    try:
+        runs = []
+        for i, line in enumerate(lines):
+            if line.startswith("ray start"):  # the test's fences: one CPU, a capped store, its own temp dir
+                line = f"{line.split('#')[0]} {FENCES} --temp-dir={c.temp}/docs{i}"
+            runs.append(c.run(["bash", "-c", line], cwd=sandbox, HEAD="127.0.0.1", PATH=f"{BIN}:{os.environ['PATH']}"))
+            assert runs[-1].returncode == 0, f"{line}\n{runs[-1].stdout[-1000:]}{runs[-1].stderr[-3000:]}"
+    finally:
+        c.close()
+    again = json.loads(runs[-1].stdout)
+    assert again["processed"] == 0 and again["skipped"] == again["documents"] > 0
+    local_ingest(sandbox / "corpus", tmp_path / "local")
+    assert_same_output(tmp_path / "local", sandbox / "chunks")
 
 
 # -- without Ray ------------------------------------------------------------------------------

@@ -237,6 +237,8 @@ class Session:
     def __init__(self, opts: Options, on_wait: Callable[[str], None] | None = None) -> None:
         if not opts.corpus.is_dir():
             raise UsageError(f"{opts.corpus}: corpus folder not found; pass the folder of Markdown to chunk")
+        if opts.executor not in ("local", "ray"):
+            raise UsageError(f"executor {opts.executor!r}: not one of local, ray")
         self.opts = opts
         self.on_wait = on_wait
         self.p_hash = policy_hash(opts.policy)
