@@ -181,6 +181,23 @@ class LoopbackCluster:
                 return pid
         raise LookupError(f"no raylet with {port} under {self.temp}")
 
+    def kill_node(self, raylet: int) -> None:
+        """A node crash: its raylet and every worker process of it, SIGKILLed (all started by this test).
+
+        The raylet alone is not enough: a worker whose raylet died still finishes the task
+        it runs and hands its result to the driver, so nothing would be retried.
+        """
+        workers = [pid for pid in _pids() if _ppid(pid) == raylet]
+        os.kill(raylet, signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def driver_log(self) -> str:
+        """What Ray's core logged in the drivers that ran on the head (task retries among it)."""
+        logs = sorted((self.temp / "head").glob("session_*/logs/python-core-driver-*.log"))
+        return "".join(p.read_text(errors="replace") for p in logs)
+
     def busy_workers(self, raylet: int) -> list[int]:
         """The worker processes of that raylet running a chunkyard task now (Ray retitles them)."""
         return [

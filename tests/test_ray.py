@@ -169,26 +169,27 @@ def wait_for(condition: Any, proc: subprocess.Popen[str], what: str) -> None:
 
 def test_a_node_killed_mid_run_changes_nothing(corpora_dir: Path, tmp_path: Path) -> None:
     skip_without_namespaces()
-    corpus = copy_corpus(corpora_dir / "tldr-common", tmp_path / "corpus", 400)
-    clean, killed = tmp_path / "clean", tmp_path / "killed"  # batches of 40: ~1 s of work each
+    corpus = copy_corpus(corpora_dir / "tldr-common", tmp_path / "corpus")  # 2,000 documents: a few seconds
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
     want = local_ingest(corpus, clean)
     c = LoopbackCluster()
     try:
         raylet = c.raylet_pid(1)
-        args = ["ingest", str(corpus), "--out", str(killed), "--json", "--batch", "40"]
+        args = ["ingest", str(corpus), "--out", str(killed), "--json", "--batch", "50"]
         run = c.start(c.chunkyard(*args))
         feed = killed / ".chunkyard" / "changes.jsonl"
         # the moment: the first batch is folded in (the feed has lines) and the node runs a task
         wait_for(lambda: feed.exists() and feed.stat().st_size > 0, run, "the first results came in")
         wait_for(lambda: bool(c.busy_workers(raylet)), run, "the second node ran a task")
-        os.kill(raylet, signal.SIGKILL)
+        c.kill_node(raylet)
         lines_at_kill = len(feed.read_bytes().splitlines())
         out, err = run.communicate(timeout=300)
+        retried = "Attempting to resubmit task" in c.driver_log()
     finally:
         c.close()
     assert run.returncode == 0, err[-3000:]
-    assert "Raylet is terminated" in err  # Ray saw the node go (its news, on stderr: stdout is JSON)
-    got = json.loads(out or "null") or pytest.fail(f"no summary: {err[-3000:]}")
+    assert retried, "Ray retried no task: the node's work was done before it died"
+    got = json.loads(out)  # Ray's news of the dead node went to stderr: stdout is the JSON alone
     assert lines_at_kill < want["chunks"]  # it was killed mid-run
     assert got["documents"] == got["processed"] == want["documents"]  # every document once
     assert got["failed"] == 0 and got["written"] == want["written"]
@@ -291,7 +292,9 @@ def test_the_docs_commands_for_a_ray_cluster_run(corpora_dir: Path, tmp_path: Pa
         for i, line in enumerate(lines):
             if line.startswith("ray start"):  # the test's fences: one CPU, a capped store, its own temp dir
                 line = f"{line.split('#')[0]} {FENCES} --temp-dir={c.temp}/docs{i}"
-            runs.append(c.run(["bash", "-c", line], cwd=sandbox, HEAD="127.0.0.1", PATH=f"{BIN}:{os.environ['PATH']}"))
+            runs.append(
+                c.run(["bash", "-c", line], cwd=sandbox, HEAD="127.0.0.1", PATH=f"{BIN}:{os.environ['PATH']}")
+            )
             assert runs[-1].returncode == 0, f"{line}\n{runs[-1].stdout[-1000:]}{runs[-1].stderr[-3000:]}"
     finally:
         c.close()
