@@ -274,6 +274,24 @@ def test_a_node_without_the_shared_file_system_is_refused(tmp_path: Path) -> Non
     assert not [p for p in (shared / "out" / ".chunkyard").iterdir() if p.name.startswith("probe-")]
 
 
+def test_an_address_nothing_answers_on_is_a_setup_error(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.md").write_text(GOOD)
+    args = [
+        "ingest",
+        str(tmp_path / "c"),
+        "--out",
+        str(tmp_path / "o"),
+        "--executor",
+        "ray",
+        "--address",
+        "127.0.0.1:1",
+    ]
+    proc = cluster.run([str(BIN / "chunkyard"), *args], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "nothing answers at 127.0.0.1:1" in " ".join(proc.stderr.split())
+
+
 # -- the docs' commands ----------------------------------------------------------------------
 
 

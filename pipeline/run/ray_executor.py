@@ -138,6 +138,26 @@ def failed_task_message(rel_path: str, exc: BaseException) -> str:
     )
 
 
+#: Seconds to wait for the cluster's port before saying it cannot be reached.
+CONNECT_TIMEOUT = 10.0
+
+
+def _check_reachable(address: str | None) -> None:
+    """A ``HOST:PORT`` that nothing answers on is a ``UsageError`` now: ``ray.init`` would retry for minutes."""
+    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto", "local", or Ray's default: Ray finds the cluster itself
+    import socket
+
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise UsageError(
+            f"--executor ray: nothing answers at {address} ({exc.strerror or exc}) "
+            "(hint: start the cluster with `ray start --head` and pass the address it prints to --address)"
+        ) from None
+
+
 def _cluster_news_to_stderr() -> None:
     """Ray's driver prints the cluster's error news ("Raylet is terminated ...") on stdout: to stderr.
 
@@ -193,6 +213,7 @@ class RayExecutor:
         ray = import_ray()
         _cluster_news_to_stderr()
         if not ray.is_initialized():
+            _check_reachable(self.address)
             try:
                 ray.init(
                     address=self.address,
@@ -200,9 +221,10 @@ class RayExecutor:
                     log_to_driver=False,
                     include_dashboard=False,
                 )
-            except ConnectionError as exc:
+            except (ConnectionError, RuntimeError) as exc:  # unreachable, or another Ray version
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
                 raise UsageError(
-                    f"--executor ray: cannot reach the Ray cluster at {self.address or 'auto'}: {exc} "
+                    f"--executor ray: cannot join the Ray cluster at {self.address or 'auto'}: {first} "
                     "(hint: start one with `ray start --head`, then pass its address to --address)"
                 ) from None
             self._started_ray = True
