@@ -232,7 +232,11 @@ class RayExecutor:
         self._task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(run_batch)
         from pipeline.run.probe import check_shared
 
-        check_shared(ray, self.out, self.corpus, sample)
+        try:
+            check_shared(ray, self.out, self.corpus, sample)
+        except BaseException:
+            self.close()  # not connected until the nodes passed: a later run probes again
+            raise
 
     def run(self, jobs: Sequence[Job]) -> Iterator[DocResult]:
         """Process ``jobs`` on the cluster; yield their results in the order of ``jobs``."""
