@@ -121,6 +121,7 @@ class LoopbackCluster:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **RAY_ENV},
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - before any thread of a test starts Ray work
         )
         assert self.proc.stdout is not None
         said = self.proc.stdout.readline()  # blocks until the nodes are up, or the script failed
@@ -213,6 +214,18 @@ class LoopbackCluster:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(30)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """In ``unshare``, before it runs: SIGKILL it when the test process dies, whatever way.
+
+    ``--kill-child`` then takes its child, the namespace's pid 1, and with it every Ray
+    process: a test killed before its ``close`` leaves no cluster behind.
+    """
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _pids() -> list[int]:

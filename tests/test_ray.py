@@ -380,7 +380,7 @@ def test_ray_options_need_the_ray_executor(tmp_path: Path, args: list[str]) -> N
 def test_batches_spread_the_documents_over_the_cpus() -> None:
     from pipeline.run.ray_executor import MAX_BATCH, batch_size
 
-    assert batch_size(2000, 2) == 125  # about eight tasks per CPU
-    assert batch_size(10_000_000, 80) == MAX_BATCH  # a retry after a node loss redoes little
+    assert batch_size(800, 2) == 50  # about eight tasks per CPU
+    assert batch_size(2000, 2) == batch_size(10_000_000, 80) == MAX_BATCH  # a retry after a node loss redoes little
     assert batch_size(5, 80) == 1
     assert batch_size(2000, 2, batch=7) == 7  # --batch wins
