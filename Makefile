@@ -13,7 +13,7 @@ CHROMIUM ?= /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed,index,lancedb]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed,index,lancedb,ray]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; tests/test_ray.py needs ray
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools
@@ -71,6 +71,10 @@ bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpu
 
 bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index
 	$(BIN)/python bench/index_bench.py $(BENCH_ARGS)
+
+.PHONY: bench-ray
+bench-ray: $(STAMP) ## --executor ray vs the local pool, and the parent's cost per document (a loopback-only cluster: needs root)
+	$(BIN)/python bench/ray_overhead.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py

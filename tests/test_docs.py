@@ -64,6 +64,9 @@ def run_one(words: list[str], sandbox: Path) -> None:
         name, _, value = words.pop(0).partition("=")
         env[name] = value
     program = words[0].removeprefix(".venv/bin/")
+    on_ray = "--executor" in words[:-1] and words[words.index("--executor") + 1] == "ray"
+    if program == "ray" or on_ray:
+        return  # Ray only ever starts in a loopback-only namespace: tests/test_ray.py runs these lines
     if program == "chunkyard" or words[:3] == [".venv/bin/python", "-m", "pipeline"]:
         args = words[1:] if program == "chunkyard" else words[3:]
         if args[:1] == ["watch"]:

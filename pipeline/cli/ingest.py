@@ -41,6 +41,38 @@ from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.ingest import Options, Summary, ingest
 from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
+EXECUTORS = ("local", "ray")
+ExecutorOpt = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        metavar="local|ray",
+        help="Who chunks: the local process pool, or tasks on a Ray cluster (pip install 'chunkyard[ray]').",
+    ),
+]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        metavar="HOST:PORT",
+        help="The Ray cluster to use with --executor ray (default: RAY_ADDRESS, else a cluster on this machine).",
+    ),
+]
+BatchOpt = Annotated[
+    int, typer.Option("--batch", min=0, help="Documents per Ray task (0 = chosen from the cluster's CPUs).")
+]
+
+
+def check_executor(executor: str, address: str | None, batch: int) -> None:
+    """``--address`` and ``--batch`` mean something only with ``--executor ray``."""
+    if executor not in EXECUTORS:
+        raise typer.BadParameter(
+            f"{executor!r} is not one of {', '.join(EXECUTORS)}", param_hint="--executor"
+        )
+    if executor != "ray" and (address or batch):
+        hint = "--address" if address else "--batch"
+        raise typer.BadParameter("only goes with --executor ray", param_hint=hint)
+
 
 def ingest_cmd(
     corpus: CorpusArg = None,
@@ -60,8 +92,12 @@ def ingest_cmd(
     wait: WaitOpt = True,
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
+    executor: ExecutorOpt = "local",
+    address: AddressOpt = None,
+    batch: BatchOpt = 0,
 ) -> None:
     """Chunk a folder of Markdown into one JSON file per chunk (incremental)."""
+    check_executor(executor, address, batch)
     opts = Options(
         corpus=resolve_corpus(corpus, corpus_opt),
         out=out,
@@ -73,6 +109,9 @@ def ingest_cmd(
         wait=wait,
         doc_timeout=doc_timeout,
         doc_memory_mb=doc_memory,
+        executor=executor,
+        address=address,
+        batch=batch,
     )
     show = not quiet and not json_out and err.is_terminal
     progress = Progress(
@@ -92,6 +131,10 @@ def ingest_cmd(
             err.print(f"[yellow]waiting[/] for the lock on {out}: held by {holder}")
 
     try:
+        if executor == "ray":  # before the output is touched: a missing Ray is a setup error
+            from pipeline.run.ray_executor import require_ray
+
+            require_ray()
         with progress:
             summary = ingest(  # no progress shown (--quiet, --json, not a terminal): no calls per document
                 opts,

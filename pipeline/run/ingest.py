@@ -40,6 +40,7 @@ from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
 if TYPE_CHECKING:  # the runner pulls in mistletoe and the schema: only a run with work to do loads it
     from pipeline.run.pool import GuardPool
+    from pipeline.run.ray_executor import RayExecutor
     from pipeline.run.worker import DocResult, Job
 
 #: A file modified this close to the last manifest write is hashed, not trusted by its stat.
@@ -60,6 +61,9 @@ class Options:
     wait: bool = True
     doc_timeout: float = DEFAULT_DOC_TIMEOUT  #: seconds per document, 0 = no limit (guard.py)
     doc_memory_mb: int = DEFAULT_DOC_MEMORY_MB  #: MiB a worker may add, 0 = no limit (guard.py)
+    executor: str = "local"  #: "local" (the process pool) or "ray" (ray_executor.py)
+    address: str | None = None  #: the Ray cluster (``ray.init``'s address); None: Ray's default
+    batch: int = 0  #: documents per Ray task, 0 = chosen from the cluster's CPUs
 
 
 @dataclass(slots=True)
@@ -233,6 +237,8 @@ class Session:
     def __init__(self, opts: Options, on_wait: Callable[[str], None] | None = None) -> None:
         if not opts.corpus.is_dir():
             raise UsageError(f"{opts.corpus}: corpus folder not found; pass the folder of Markdown to chunk")
+        if opts.executor not in ("local", "ray"):
+            raise UsageError(f"executor {opts.executor!r}: not one of local, ray")
         self.opts = opts
         self.on_wait = on_wait
         self.p_hash = policy_hash(opts.policy)
@@ -243,7 +249,7 @@ class Session:
         self.sweep_due = False
         self._redirects: dict[str, str] | None = None
         self._lock: Any = None
-        self._pool: GuardPool | None = None
+        self._pool: GuardPool | RayExecutor | None = None
         #: the output held no chunk file when the session began (until its first sync)
         self._empty_out = False
 
@@ -279,6 +285,14 @@ class Session:
         from pipeline.run.worker import prepare
 
         prepare(opts.policy)  # before any worker forks: none ever imports mid-run
+        if opts.executor == "ray":  # the cluster's tasks run this same guarded worker code
+            if self._pool is None:
+                from pipeline.run.ray_executor import RayExecutor
+
+                self._pool = RayExecutor(
+                    opts.out, opts.corpus, opts.address, opts.doc_timeout, opts.doc_memory_mb, opts.batch
+                )
+            return self._pool.run(jobs)
         if opts.doc_timeout <= 0 and opts.doc_memory_mb <= 0:
             return _results(jobs, opts.jobs)
         if self._pool is None:
