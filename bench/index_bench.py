@@ -4,7 +4,7 @@
 2. the time to ``chunkyard index`` the given corpora (default: eips + rust-book +
    powershell-docs, the 18 MB benchmark corpus; many minutes on 2 cores);
 3. hybrid query latency p50 / p95 over the index (questions from the gold sets);
-4. re-index after a one-paragraph edit (ingest + index);
+4. re-index after a one-paragraph edit (ingest + index), then ``--reconcile`` (must fix nothing);
 5. ``watch --index``: save of a 20 KB document → its new text searchable, p50 / p95.
 
 Usage: ``python bench/index_bench.py [--corpora rust-book eips ...] [--queries 100]``.
@@ -80,6 +80,7 @@ def main() -> None:
         t1 = time.perf_counter()
         again = index(out)
         edit_index = time.perf_counter() - t1
+        fixed = index(out, reconcile=True).fixed
         result = {
             "corpora": args.corpora,
             "chunks": report.chunks,
@@ -93,6 +94,7 @@ def main() -> None:
             "edit_ingest_s": round(edit_ingest, 3),
             "edit_index_s": round(edit_index, 3),
             "edit_embedded": again.embedded,
+            "reconcile_fixed": sum(len(v) for v in fixed.values()),
         }
         result |= watch_latency()
         print(json.dumps(result, indent=2))
