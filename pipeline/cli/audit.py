@@ -132,6 +132,7 @@ def check_citations_cmd(
         Path, typer.Argument(metavar="ANSWER.json", help="The answer with its citation block.")
     ],
     out: AuditOutOpt = Path("chunks"),
+    corpus: AuditCorpusOpt = None,
     allow_cross_section: Annotated[
         bool, typer.Option("--allow-cross-section", help="Let one segment cite several sections.")
     ] = False,
@@ -142,13 +143,14 @@ def check_citations_cmd(
 
     Required per citation: snippet_id (a chunk_id), section_id, source_url, offsets{start,end,unit:"char"},
     tokens, rev, analyzer. index_hash, embed_model and scores are the loader's to check.
+    The check reads the chunk files only; a --corpus given must exist (SPEC §7: every command takes one).
     """
     from pipeline.audit.citations import check_answer, load_answer
     from pipeline.audit.store import open_store
     from pipeline.cli.render import render_citations
 
     try:
-        store = open_store(out)
+        store = open_store(out, corpus, need_corpus=corpus is not None)
         data, failed = load_answer(answer)
     except PipelineError as exc:
         raise usage_error(exc, json_out) from None
