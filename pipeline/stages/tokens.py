@@ -136,4 +136,3 @@ def estimate_tokens(text: str) -> int:
         + 2 * (len(text) - ascii_chars)
         + dense
     )
-
