@@ -63,7 +63,7 @@ bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpu
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
-	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py
+	HYPOTHESIS_PROFILE=fuzz CHUNKYARD_FUZZ_SECONDS=$${CHUNKYARD_FUZZ_SECONDS:-120} $(BIN)/pytest -q tests/test_fuzz.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache .hypothesis

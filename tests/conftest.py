@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -72,6 +73,19 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "chunkyard"))
+
+
+#: The random fuzz phase's seed (tests/test_fuzz.py): ``CHUNKYARD_FUZZ_SEED``, else drawn now.
+FUZZ_SEED = int(os.environ.get("CHUNKYARD_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"chunkyard fuzz seed: {FUZZ_SEED} (replay with CHUNKYARD_FUZZ_SEED={FUZZ_SEED})"
+
+
+@pytest.fixture(scope="session")
+def fuzz_seed() -> int:
+    return FUZZ_SEED
 
 
 def pytest_configure(config: pytest.Config) -> None:
