@@ -34,6 +34,7 @@ from pipeline.cli.base import (
     make_policy,
     out_console,
     resolve_corpus,
+    usage_error,
 )
 from pipeline.errors import PipelineError
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
@@ -101,8 +102,7 @@ def ingest_cmd(
                 on_wait=waiting,
             )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        raise usage_error(exc, json_out) from None
     report(summary, quiet=quiet, json_out=json_out)
     raise typer.Exit(summary.exit_code)
 
@@ -195,8 +195,7 @@ def watch_cmd(
             json_out=json_out,
         )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        raise usage_error(exc, json_out) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     raise typer.Exit(code)
