@@ -187,6 +187,8 @@ def test_policy_hash() -> None:
         # an image inside a link: its alt text, not a string that is not in the source (issue 14)
         ("[![build status](https://x/badge.svg)](https://ci.example.com) passes.", "build status passes."),
         ("see [the [nested] guide](u) now.", "see the [nested] guide now."),
+        # deeper than one level of brackets: left as it is, still text of the chunk
+        ("[![a [b [c]] d](i)](u) x.", "[![a [b [c]] d](i)](u) x."),
     ],
 )
 def test_anchor(text: str, want: str) -> None:
