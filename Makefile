@@ -77,7 +77,7 @@ bench-ray: $(STAMP) ## --executor ray vs the local pool, and the parent's cost p
 	$(BIN)/python bench/ray_overhead.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
-	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py
+	HYPOTHESIS_PROFILE=fuzz CHUNKYARD_FUZZ_SECONDS=$${CHUNKYARD_FUZZ_SECONDS:-120} $(BIN)/pytest -q tests/test_fuzz.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache .hypothesis

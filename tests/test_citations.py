@@ -293,3 +293,18 @@ def test_a_citation_is_built_from_a_chunk_record_alone(out: Path) -> None:
     wrong = citation_from_record(next(iter(one_per_section)))
     wrong["doc_id"] = "doc:" + wrong["doc_id"]  # the parentId form is not the doc id
     assert [c for c, _, _ in check(out, {"citations": [wrong], "answer": "x"})] == ["doc_mismatch"]
+
+
+def test_cli_takes_the_corpus_as_every_command_does(
+    out: Path, tmp_path: Path, two_sections: tuple[dict[str, Any], ...]
+) -> None:
+    """SPEC §7: ``--corpus`` on check-citations too; a corpus that is not there is a usage error."""
+    a, b, _ = two_sections
+    path = write(tmp_path, {"citations": [a, b], "answer": "x"})
+    corpus = out.parent / "corpus"
+    result = invoke(path, "--out", str(out), "--corpus", str(corpus), "--json")
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["ok"] is True
+    result = invoke(path, "--out", str(out), "--corpus", str(tmp_path / "no-corpus"), "--json")
+    assert result.exit_code == 2, result.output
+    assert "no-corpus" in orjson.loads(result.stdout)["error"]

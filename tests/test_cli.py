@@ -169,7 +169,13 @@ def commands() -> list[str]:
 
 
 def test_every_spec_command_exists() -> None:
-    assert "ingest" in commands()
+    """SPEC §7 names five commands; each exists and takes ``--out`` and the corpus as ``--corpus``."""
+    spec = ["ingest", "watch", "validate", "resolve", "check-citations"]
+    assert set(spec) <= set(commands()), set(spec) - set(commands())
+    group = typer.main.get_command(app)
+    for name in spec:
+        options = {o for p in group.commands[name].params for o in p.opts}  # type: ignore[attr-defined]
+        assert {"--out", "--corpus"} <= options, f"{name} lacks {({'--out', '--corpus'} - options)}"
 
 
 @pytest.mark.parametrize("command", [None, *commands()])

@@ -1,16 +1,22 @@
-"""Crash safety (SPEC §5): ``kill -9`` at 30 random moments; one normal run repairs everything.
+"""Crash safety (SPEC §5): ``kill -9`` at moments chosen from observed progress; one run repairs.
 
-Two scenarios alternate: a first ingest into an empty folder, and an incremental
-ingest after edits, deletions, a rename and additions (so stale files, redirects and
-the journal are in play). After each kill, the visible files must be whole; after one
-normal run, the output must equal a clean run's: the file set, every chunk file's
-stable content, the manifest's documents and the redirect map. And a loader that
-replayed the change feed of every run, the killed one included, holds exactly the
-output.
+A clean run is traced first (``pipeline/run/checkpoint.py``, ``CHUNKYARD_CRASH_TRACE``): how
+many times it reaches each phase — a chunk file named, a document's files half renamed, a
+block of the change feed appended, the state commit. Then runs are killed at points spread
+over each phase (``CHUNKYARD_CRASH_AT="phase:n"``: the process SIGKILLs itself there), in two
+scenarios: a first ingest into an empty folder, and an incremental ingest after edits,
+deletions, a rename and additions (stale files, redirects and the journal in play). Every
+kill is asserted to have landed (exit -9), and the distribution over phases is printed.
+
+After each kill, the visible files must be whole; after one normal run, the output must
+equal a clean run's: the file set, every chunk file's stable content, the manifest's
+documents and the redirect map. And a loader that replayed the change feed of every run,
+the killed one included, holds exactly the output.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import shutil
@@ -22,18 +28,22 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from conftest import CORPORA
 
 from pipeline.run.emit import stable_view
 from pipeline.run.ingest import Options, ingest
 from pipeline.run.state import FEED, INFLIGHT, JOURNAL, MANIFEST, REDIRECTS, STATE_DIR
 
-KILLS = 30
-SOURCE = Path("/work/shared/corpora/rust-book/src")
+SOURCE = CORPORA / "rust-book" / "src"
 N_DOCS = 16
+#: Kills per phase and scenario, spread evenly over the times a clean run reaches the phase.
+KILLS_PER_PHASE = {"chunk-file": 4, "between-renames": 2, "feed-append": 2, "state-commit": 1}
 
 
 def chunkyard(corpus: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "pipeline", "ingest", str(corpus), "--out", str(out), "-q", "--jobs", "1"]
+    """One process does it all (no worker pool): each phase is counted in the process that dies."""
+    return [sys.executable, "-m", "pipeline", "ingest", str(corpus), "--out", str(out), "-q",
+            "--jobs", "1", "--doc-timeout", "0", "--doc-memory", "0"]  # fmt: skip
 
 
 def generated(n: int) -> dict[str, str]:
@@ -129,60 +139,80 @@ def assert_whole(out: Path) -> None:
         orjson.loads(path.read_bytes())
 
 
-def timed(cmd: list[str]) -> float:
-    started = time.monotonic()
-    subprocess.run(cmd, check=True, capture_output=True)
-    return time.monotonic() - started
+def traced(cmd: list[str], trace: Path) -> collections.Counter[str]:
+    """Run ``cmd`` to the end and count the phases it reached."""
+    subprocess.run(
+        cmd, check=True, capture_output=True, env={**os.environ, "CHUNKYARD_CRASH_TRACE": str(trace)}
+    )
+    return collections.Counter(trace.read_text().split())
 
 
-def test_sigkill_at_random_moments_then_one_run_repairs(tmp_path: Path) -> None:
+def kill_points(reached: collections.Counter[str]) -> list[tuple[str, int]]:
+    """``(phase, n)`` spread over each phase: the n-th time a clean run reaches it."""
+    points = []
+    for phase, kills in KILLS_PER_PHASE.items():
+        total = reached[phase]
+        assert total >= kills, f"a clean run reaches {phase} {total} times; the test needs {kills}"
+        points += sorted({(phase, 1 + (total - 1) * k // max(kills - 1, 1)) for k in range(kills)})
+    return points
+
+
+def test_sigkill_in_every_phase_then_one_run_repairs(tmp_path: Path) -> None:
     docs_a = source_docs()
     docs_b = edited(docs_a)
     corpus = write_corpus(tmp_path / "corpus_b", docs_b)
     corpus_a = write_corpus(tmp_path / "corpus_a", docs_a)
 
-    # the references: clean runs, never killed
+    # the references: clean runs, never killed, traced
     ref_fresh = tmp_path / "ref_fresh"
-    t_fresh = timed(chunkyard(corpus, ref_fresh))
+    reached = {"fresh": traced(chunkyard(corpus, ref_fresh), tmp_path / "trace_fresh")}
     base_a = tmp_path / "base_a"
-    timed(chunkyard(corpus_a, base_a))  # version A, as a loader last saw it
+    subprocess.run(
+        chunkyard(corpus_a, base_a), check=True, capture_output=True
+    )  # version A, as a loader saw it
     shutil.rmtree(corpus_a)
     ref_inc = tmp_path / "ref_inc"
     shutil.copytree(base_a, ref_inc)
-    t_inc = timed(chunkyard(corpus, ref_inc))
+    reached["inc"] = traced(chunkyard(corpus, ref_inc), tmp_path / "trace_inc")
     want = {"fresh": snapshot(ref_fresh), "inc": snapshot(ref_inc)}
     assert want["inc"]["redirects"].get("redirects"), "version B should need redirects"
     assert want["fresh"]["files"] == want["inc"]["files"]
 
-    rng = random.Random(20261123)
-    interrupted = 0
-    for i in range(KILLS):
-        kind = "fresh" if i % 2 == 0 else "inc"
-        out = tmp_path / f"out{i}"
-        if kind == "inc":
-            shutil.copytree(base_a, out)
-        window = t_fresh if kind == "fresh" else t_inc
-        proc = subprocess.Popen(chunkyard(corpus, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.0, 0.8 * window))  # within the run even when a later run is faster
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            interrupted += 1
-        proc.wait()
-        if out.exists():
+    hits: collections.Counter[tuple[str, str]] = collections.Counter()
+    for kind in ("fresh", "inc"):
+        for i, (phase, nth) in enumerate(kill_points(reached[kind])):
+            out = tmp_path / f"out_{kind}{i}"
+            if kind == "inc":
+                shutil.copytree(base_a, out)
+            env = {**os.environ, "CHUNKYARD_CRASH_AT": f"{phase}:{nth}"}
+            proc = subprocess.run(chunkyard(corpus, out), env=env, capture_output=True, check=False)
+            assert proc.returncode == -signal.SIGKILL, (
+                f"{kind} {phase}:{nth} did not die there: {proc.stderr[-500:]!r}"
+            )
+            hits[(kind, phase)] += 1
             assert_whole(out)
-        repair = ingest(Options(corpus=corpus, out=out, jobs=1))  # one normal run (in-process: faster)
-        assert not repair.failures and repair.exit_code == 0
-        got = snapshot(out)
-        assert got["files"].keys() == want[kind]["files"].keys(), f"kill {i} ({kind})"
-        assert got == want[kind], f"kill {i} ({kind})"
-        assert not (out / STATE_DIR / INFLIGHT).exists()
-        assert (
-            not any((out / STATE_DIR / JOURNAL).glob("*")) if (out / STATE_DIR / JOURNAL).exists() else True
-        )
-        truth = {rec["id"]: (rec["chunk_id"], rec["hash"]) for rec in got["files"].values()}
-        assert loader_view(out) == truth, f"kill {i} ({kind}): the feed missed something"
-        shutil.rmtree(out)
-    print(
-        f"\ncrash test: {interrupted}/{KILLS} runs killed mid-way (windows {t_fresh:.2f} s / {t_inc:.2f} s), all repaired"
-    )
-    assert interrupted >= KILLS // 2
+            repair = ingest(Options(corpus=corpus, out=out, jobs=1))  # one normal run (in-process: faster)
+            assert not repair.failures and repair.exit_code == 0
+            got = snapshot(out)
+            where = f"killed at {phase}:{nth} ({kind})"
+            assert got["files"].keys() == want[kind]["files"].keys(), where
+            assert got == want[kind], where
+            assert not (out / STATE_DIR / INFLIGHT).exists()
+            assert (
+                not any((out / STATE_DIR / JOURNAL).glob("*"))
+                if (out / STATE_DIR / JOURNAL).exists()
+                else True
+            )
+            truth = {rec["id"]: (rec["chunk_id"], rec["hash"]) for rec in got["files"].values()}
+            assert loader_view(out) == truth, f"{where}: the feed missed something"
+            shutil.rmtree(out)
+    table = ", ".join(f"{kind} {phase} {n}" for (kind, phase), n in sorted(hits.items()))
+    print(f"\ncrash test: {sum(hits.values())} kills, all landed and repaired: {table}")
+    print(f"phases a clean run reaches: fresh {dict(reached['fresh'])}, inc {dict(reached['inc'])}")
+    for kind in ("fresh", "inc"):
+        for phase, kills in KILLS_PER_PHASE.items():
+            assert (
+                hits[(kind, phase)]
+                == len({p for p in kill_points(reached[kind]) if p[0] == phase})
+                >= min(kills, 1)
+            )

@@ -25,13 +25,15 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import CHECKER, Chunked, invariant_errors, load_checker
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
+from outline import Outline
 
 from pipeline.models import Policy
 from pipeline.runner import chunk_document
@@ -39,7 +41,12 @@ from pipeline.runner import chunk_document
 REGRESSIONS = Path(__file__).resolve().parent / "fuzz_regressions"
 
 settings.register_profile(
-    "ci", max_examples=200, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "ci",
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 FUZZ = settings(settings.get_profile(PROFILE if PROFILE != "chunkyard" else "ci"))
@@ -55,7 +62,22 @@ ODD = [
     "\x0b", "\x0c", "\x1b[0m", "\x7f",  # controls
     "שלום", "مرحبا", "中文", "ｆｕｌｌ", "\u00a0", "\u3000",  # scripts, odd blanks
 ]  # fmt: skip
-WORDS = ["alpha", "beta", "x", "the", "chunk", "*em*", "**b**", "`c`", "[l](u)", "<i>", "a|b", "\\|", "&amp;", "1."]
+WORDS = [
+    "alpha",
+    "beta",
+    "x",
+    "the",
+    "chunk",
+    "*em*",
+    "**b**",
+    "`c`",
+    "[l](u)",
+    "<i>",
+    "a|b",
+    "\\|",
+    "&amp;",
+    "1.",
+]
 
 odd = st.sampled_from(ODD)
 word = st.one_of(st.sampled_from(WORDS), st.sampled_from(WORDS), odd)
@@ -76,17 +98,30 @@ fence_open = st.sampled_from(["```", "~~~", "````", "```python", "~~~ info `x`",
 @st.composite
 def fence(draw: Any) -> str:
     opener = draw(fence_open)
-    body = draw(st.lists(st.one_of(text, st.sampled_from(["# not a heading", "", "- x", "> q", "```", "~~~"])), max_size=6))
-    closer = draw(st.sampled_from([opener[:3], opener[:3], opener[:3] + "`", "", "  " + opener[:3], opener[:3] + " x"]))
-    return _lines(draw(indent) + opener, *body, *( [closer] if closer else []))
+    body = draw(
+        st.lists(
+            st.one_of(text, st.sampled_from(["# not a heading", "", "- x", "> q", "```", "~~~"])), max_size=6
+        )
+    )
+    closer = draw(
+        st.sampled_from([opener[:3], opener[:3], opener[:3] + "`", "", "  " + opener[:3], opener[:3] + " x"])
+    )
+    return _lines(draw(indent) + opener, *body, *([closer] if closer else []))
 
 
 @st.composite
 def table(draw: Any) -> str:
     cols = draw(st.integers(1, 5))
     head = "|" + "|".join(draw(text).replace("\n", " ") for _ in range(cols)) + "|"
-    delim = draw(st.sampled_from(["|" + "---|" * cols, "|" + ":-:|" * cols, "-" * 3, "|" + "---|" * (cols + 1), "| - |"]))
-    rows = [draw(st.sampled_from(["|", ""])) + "|".join(draw(text) for _ in range(cols)) for _ in range(draw(st.integers(0, 5)))]
+    delim = draw(
+        st.sampled_from(
+            ["|" + "---|" * cols, "|" + ":-:|" * cols, "-" * 3, "|" + "---|" * (cols + 1), "| - |"]
+        )
+    )
+    rows = [
+        draw(st.sampled_from(["|", ""])) + "|".join(draw(text) for _ in range(cols))
+        for _ in range(draw(st.integers(0, 5)))
+    ]
     return _lines(head, delim, *rows)
 
 
@@ -110,7 +145,9 @@ html = st.sampled_from(
         "<![CDATA[\nx\n]]>", "<!DOCTYPE html>", "<table><tr><td>", "<a href='x'>", "<custom-tag>\n",
     ]
 )  # fmt: skip
-linkdef = st.sampled_from(["[a]: /u", "[a]: /u 'title'", "[a]:\n/u", "[a]: /u \"open title", "[^1]: note", "[]: /x"])
+linkdef = st.sampled_from(
+    ["[a]: /u", "[a]: /u 'title'", "[a]:\n/u", '[a]: /u "open title', "[^1]: note", "[]: /x"]
+)
 thematic = st.sampled_from(["---", "***", "___", "- - -", " * * *", "-- --"])
 
 
@@ -124,9 +161,14 @@ def _container(draw: Any, depth: int) -> str:
         lazy = draw(st.booleans())  # lines after the first without their ``>``
         lines = joined.split("\n")
         return "\n".join(
-            ">" + draw(st.sampled_from([" ", "", "  "])) + ln if not (lazy and i) else ln for i, ln in enumerate(lines)
+            ">" + draw(st.sampled_from([" ", "", "  "])) + ln if not (lazy and i) else ln
+            for i, ln in enumerate(lines)
         )
-    marker = draw(st.sampled_from(["-", "*", "+"])) if kind == "bullet" else draw(st.sampled_from(["1.", "2)", "10."]))
+    marker = (
+        draw(st.sampled_from(["-", "*", "+"]))
+        if kind == "bullet"
+        else draw(st.sampled_from(["1.", "2)", "10."]))
+    )
     pad = " " * (len(marker) + 1)
     lines = joined.split("\n")
     shift = draw(st.sampled_from([pad, pad, "  ", "    "]))
@@ -143,10 +185,26 @@ def container(draw: Any) -> str:
 
 @st.composite
 def hostile_markdown(draw: Any) -> bytes:
-    blocks = draw(st.lists(st.one_of(block.map(lambda b: (b, False)), container().map(lambda c: (c, True))), max_size=14))
+    blocks = draw(
+        st.lists(
+            st.one_of(block.map(lambda b: (b, False)), container().map(lambda c: (c, True))), max_size=14
+        )
+    )
     seps = [draw(st.sampled_from(["\n", "\n\n", "\n\n", "\n \n", "\n\t\n", "\n\n\n"])) for _ in blocks]
     doc = "".join(b + s for (b, _), s in zip(blocks, seps, strict=True))
-    front = draw(st.sampled_from(["", "", "", "---\ntitle: T\n---\n", "---\nbad: [\n---\n", "---\ntitle: open\n", "+++\nx = 1\n+++\n"]))
+    front = draw(
+        st.sampled_from(
+            [
+                "",
+                "",
+                "",
+                "---\ntitle: T\n---\n",
+                "---\nbad: [\n---\n",
+                "---\ntitle: open\n",
+                "+++\nx = 1\n+++\n",
+            ]
+        )
+    )
     doc = front + doc
     if draw(st.booleans()):  # odd unicode anywhere, not only between words
         for _ in range(draw(st.integers(1, 4))):
@@ -158,7 +216,13 @@ def hostile_markdown(draw: Any) -> bytes:
     elif eol == "cr":
         doc = doc.replace("\n", "\r")
     elif eol == "mixed":
-        ends = draw(st.lists(st.sampled_from(["\n", "\r\n", "\r"]), min_size=doc.count("\n") + 1, max_size=doc.count("\n") + 1))
+        ends = draw(
+            st.lists(
+                st.sampled_from(["\n", "\r\n", "\r"]),
+                min_size=doc.count("\n") + 1,
+                max_size=doc.count("\n") + 1,
+            )
+        )
         parts = doc.split("\n")
         doc = "".join(p + ends[i] for i, p in enumerate(parts[:-1])) + parts[-1]
     if draw(st.booleans()):
@@ -176,22 +240,28 @@ def policies(draw: Any) -> Policy:
 # -- the checks ---------------------------------------------------------------------------
 
 
-def violations(raw: bytes, policy: Policy) -> list[str]:
-    """Everything wrong with chunking ``raw``: an exception, or a broken invariant."""
+def violations(raw: bytes, policy: Policy, *, outline: bool = True) -> list[str]:
+    """Everything wrong with chunking ``raw``: an exception, or a broken invariant.
+
+    ``outline``: hold the headings and code blocks to the checker's parser (markdown-it);
+    without it, every other invariant still holds, on chunkyard's own headings.
+    """
     try:
         doc, chunks = chunk_document(raw, "fuzz/doc.md", policy)
     except Exception as exc:  # noqa: BLE001 - any exception at all is the finding
         return [f"{type(exc).__name__}: {exc}"]
     result = Chunked(doc, chunks, policy)
-    if not CHECKER.exists():  # chunkyard's own view of the headings, then
+    if not outline:  # chunkyard's own view of the headings, then
         return list(invariant_errors(result))
-    seen = load_checker().Outline(doc.text)
+    seen = load_checker().Outline(doc.text) if CHECKER.exists() else Outline(doc.text)
     problems = list(invariant_errors(result, [h for h, _ in seen.headings]))
     if doc.body_start != seen.fm_end:
         problems.append(f"front matter ends at {doc.body_start}, the checker says {seen.fm_end}")
     for r in result.records:  # and no heading markdown-it does not see
         if r["headerDepths"] != seen.depths_at(r["charOffsets"]["charStart"]):
-            problems.append(f"{r['id']}: headerDepths {r['headerDepths']} != {seen.depths_at(r['charOffsets']['charStart'])}")
+            problems.append(
+                f"{r['id']}: headerDepths {r['headerDepths']} != {seen.depths_at(r['charOffsets']['charStart'])}"
+            )
     spans = [(r["charOffsets"]["charStart"], r["charOffsets"]["charEnd"]) for r in result.records]
     for kind, start, end in seen.atomic:
         if kind != "code" or end <= start:
@@ -209,19 +279,14 @@ def keep_regression(raw: bytes, policy: Policy, note: str) -> Path:
     path = REGRESSIONS / f"{name}.json"
     path.write_text(
         json.dumps(
-            {"note": note, "policy": policy.as_dict(), "text": raw.decode("utf-8")}, ensure_ascii=False, indent=1
+            {"note": note, "policy": policy.as_dict(), "text": raw.decode("utf-8")},
+            ensure_ascii=False,
+            indent=1,
         )
         + "\n",
         encoding="utf-8",
     )
     return path
-
-
-def unicode_blank_line(raw: bytes) -> bool:
-    """A line of nothing but Unicode blanks (NBSP, U+3000, VT, FF…): blank to mistletoe, not to
-    CommonMark (see ``test_a_line_of_unicode_blanks_is_text_in_commonmark``)."""
-    text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-    return any(not line.strip() and line.strip(" \t") for line in text.split("\n"))
 
 
 _CONTAINER_START = re.compile(r" {0,3}(?:[-+*]|\d{1,9}[.)]|>)(?:[ \t]|$)")
@@ -231,22 +296,56 @@ def table_over_a_container(raw: bytes) -> bool:
     """markdown-it tries tables before lists and quotes, so ``- a|`` over ``  -|`` is a table
     with the header ``- a`` there; GFM (cmark-gfm) and chunkyard read a list item holding a
     table (see ``test_a_list_item_is_no_table_header``)."""
-    if not CHECKER.exists():
-        return False
     text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-    seen = load_checker().Outline(text)
+    seen = load_checker().Outline(text) if CHECKER.exists() else Outline(text)
     return any(kind == "table" and _CONTAINER_START.match(text, start) for kind, start, _ in seen.atomic)
 
 
 @FUZZ
 @given(hostile_markdown(), policies())
 def test_hostile_markdown_keeps_the_contract(raw: bytes, policy: Policy) -> None:
-    assume(not unicode_blank_line(raw))
-    assume(not table_over_a_container(raw))
-    problems = violations(raw, policy)
+    # where markdown-it is not GFM (a table over a list item), its outline is no oracle: the
+    # example is kept, and held to every invariant that does not need one
+    problems = violations(raw, policy, outline=not table_over_a_container(raw))
     if problems and os.environ.get("CHUNKYARD_KEEP_FUZZ") == "1":
         keep_regression(raw, policy, problems[0][:200])
     assert not problems, "\n".join(problems[:10])
+
+
+#: The random phase: this many seconds of fresh inputs after the 200 fixed ones (0: off).
+RANDOM_SECONDS = float(os.environ.get("CHUNKYARD_FUZZ_SECONDS", "0"))
+
+
+def test_hostile_markdown_random_phase(fuzz_seed: int) -> None:
+    """The fixed 200 inputs above replay the same documents every run; this phase explores.
+
+    Batches of 25 random examples, each seeded ``fuzz_seed + batch``, until the time box
+    (``CHUNKYARD_FUZZ_SECONDS``) is over. The seed is printed in pytest's header; a failure
+    names its batch's seed: ``CHUNKYARD_FUZZ_SEED=<it>`` replays that batch first. CI runs it
+    after ``make test`` (``.ci/run``), not gating: it still finds about 1 input in 200 that
+    breaks the contract, all in deep quote/list nesting (the known gap of
+    ``test_a_lazy_underline_after_a_deep_quote_and_list_staircase``).
+    """
+    if RANDOM_SECONDS <= 0:
+        pytest.skip("the random phase runs with CHUNKYARD_FUZZ_SECONDS=<seconds> (make fuzz, .ci/run)")
+    deadline = time.monotonic() + RANDOM_SECONDS
+    batch = 0
+    while batch == 0 or time.monotonic() < deadline:
+        _explorer(fuzz_seed + batch)()
+        batch += 1
+
+
+def _explorer(batch_seed: int) -> Any:
+    """25 random examples drawn from ``batch_seed``, each held to the contract."""
+
+    @seed(batch_seed)
+    @settings(FUZZ, max_examples=25, derandomize=False, database=None)
+    @given(hostile_markdown(), policies())
+    def explore(raw: bytes, policy: Policy) -> None:
+        problems = violations(raw, policy, outline=not table_over_a_container(raw))
+        assert not problems, f"CHUNKYARD_FUZZ_SEED={batch_seed} reproduces this:\n" + "\n".join(problems[:10])
+
+    return explore
 
 
 def _regressions() -> list[Path]:
@@ -280,7 +379,9 @@ def test_a_tab_after_a_container_mark() -> None:
     assert not violations(raw, Policy(target_tokens=16, overlap_tokens=4))
 
 
-@pytest.mark.xfail(strict=True, reason="markdown-it reads a table with the header `- a`; GFM a list item with a table")
+@pytest.mark.xfail(
+    strict=True, reason="markdown-it reads a table with the header `- a`; GFM a list item with a table"
+)
 def test_a_list_item_is_no_table_header() -> None:
     """Known disagreement of the checker's parser, left alone: in ``- a|`` / ``  -|`` / ``a`` /
     ``=`` GFM (cmark-gfm) opens a list item whose paragraph ``a|`` becomes a table at ``-|``;
@@ -290,7 +391,9 @@ def test_a_list_item_is_no_table_header() -> None:
     assert not violations(b"- a|\n  -|\na\n=", Policy(target_tokens=16, overlap_tokens=0))
 
 
-@pytest.mark.xfail(strict=True, reason="lazy lines after a quote/list staircase: the tracker loses the nesting")
+@pytest.mark.xfail(
+    strict=True, reason="lazy lines after a quote/list staircase: the tracker loses the nesting"
+)
 def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
     """Known gap, found by ``make fuzz`` (5,000 examples): after some forty lines of quotes and
     list items nested in and out of each other, ``\u200c x`` / ``===`` closes the last quote's
@@ -298,14 +401,23 @@ def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
     list item it saw, loses track here and lets mistletoe end the quote, so chunkyard finds a
     heading the checker does not. The shorter forms of the same nesting pass (see
     ``tests/fuzz_regressions/``); a full container stack in the tracker would close it."""
-    raw = b'1. - - alpha\n       - <div>\n\n         - alpha\n           - alpha\n   > - - > alpha\n   >     ===\n   >     > ###### alpha alpha\n   >     > \n   >     > alpha alpha alpha alpha alpha alpha alpha alpha\n   >     > alpha alpha\n   >     > &amp; alpha alpha alpha alpha alpha alpha alpha alpha \\| alpha alpha\n   >     > ===\n   >     <script>\n   >     let x = 1;\n   > \n   >     # in script\n   >     - alpha alpha\n   >       - ```\n   >           # not a heading\n   >           # not a heading\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >       > ```\n   >       > # not a heading\n   >       > alpha alpha alpha 1. alpha alpha\n   >      > ```\n   >    - - > ### alpha\n   > \n   >       > alpha alpha alpha \\|\n   >\n   >       > ### alpha\n   >     > > # alpha\n   >     > > # alpha alpha alpha alpha alpha alpha alpha &amp; 1. alpha alpha\n   >   - > - ```\n   >       alpha\n   >      # not a heading\n   >       alpha\n   >       alpha\n   >       ```\n   > > > > > # alpha\n   > 1. >>  > |alpha|\n   >    > |---|\n   >   1. - >[a]: /u\n   >    >1. >  beta\n\xe2\x80\x8c x\n===\n\t\n'
+    raw = b"1. - - alpha\n       - <div>\n\n         - alpha\n           - alpha\n   > - - > alpha\n   >     ===\n   >     > ###### alpha alpha\n   >     > \n   >     > alpha alpha alpha alpha alpha alpha alpha alpha\n   >     > alpha alpha\n   >     > &amp; alpha alpha alpha alpha alpha alpha alpha alpha \\| alpha alpha\n   >     > ===\n   >     <script>\n   >     let x = 1;\n   > \n   >     # in script\n   >     - alpha alpha\n   >       - ```\n   >           # not a heading\n   >           # not a heading\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >       > ```\n   >       > # not a heading\n   >       > alpha alpha alpha 1. alpha alpha\n   >      > ```\n   >    - - > ### alpha\n   > \n   >       > alpha alpha alpha \\|\n   >\n   >       > ### alpha\n   >     > > # alpha\n   >     > > # alpha alpha alpha alpha alpha alpha alpha &amp; 1. alpha alpha\n   >   - > - ```\n   >       alpha\n   >      # not a heading\n   >       alpha\n   >       alpha\n   >       ```\n   > > > > > # alpha\n   > 1. >>  > |alpha|\n   >    > |---|\n   >   1. - >[a]: /u\n   >    >1. >  beta\n\xe2\x80\x8c x\n===\n\t\n"
     assert not violations(raw, Policy(target_tokens=16, overlap_tokens=4))
 
 
-@pytest.mark.xfail(strict=True, reason="mistletoe takes a line of Unicode blanks for a blank line; CommonMark does not")
-def test_a_line_of_unicode_blanks_is_text_in_commonmark() -> None:
-    """Known parser disagreement, left alone: CommonMark's blank line holds only spaces and
-    tabs, so a line of NBSP over ``===`` is a setext heading (markdown-it agrees). mistletoe
-    tests blankness with Python's ``str.strip()`` throughout (``mdlimits`` does not patch
-    that); the random documents above skip such lines (``unicode_blank_line``)."""
-    assert not violations("# alpha\n\u00a0\n===\n".encode(), Policy(target_tokens=16, overlap_tokens=0))
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# alpha\n\u00a0\n===\n",  # a setext heading whose text is an NBSP
+        "alpha\n\u3000\nbeta\n===\n",  # one paragraph: the U+3000 line does not end it
+        "- item\n\u00a0\n  more\n",  # nor does it end a list item's paragraph
+        "> quote\n>\u00a0\n> ===\n",  # inside a quote too
+        "<div>\n\x0c\n# in html\n</div>\n",  # an HTML block runs on over it
+        "text\n \u2028 \n---\n",
+    ],
+)
+def test_a_line_of_unicode_blanks_is_text_as_in_commonmark(text: str) -> None:
+    """CommonMark's blank line holds only spaces and tabs, so a line of NBSP (or U+3000, FF,
+    U+2028...) is text (markdown-it agrees). mistletoe tests blankness with Python's
+    ``str.strip()``; ``parse`` shows it such a line with a stand-in that is no blank."""
+    assert not violations(text.encode(), Policy(target_tokens=16, overlap_tokens=0))

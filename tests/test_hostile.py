@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import os
 import pickle
 import signal
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 from conftest import CHECKER, SCHEMA, Chunked, as_nobody, invariant_errors, load_checker
-from make_hostile_corpus import LONG_STEM, Case, make_hostile_corpus
+from make_hostile_corpus import LONG_STEM, STALL_MARK, Case, make_hostile_corpus
 
 import pipeline.run.pool as guard_mod
 import pipeline.run.worker as runner_mod
@@ -37,9 +38,6 @@ from pipeline.run.state import MANIFEST, STATE_DIR
 from pipeline.run.worker import DocResult, Job
 from pipeline.runner import chunk_document, counter
 from pipeline.stages.normalize import normalize
-
-DOC_TIMEOUT = 8  # seconds; the slow documents take minutes, the good ones under 3 s here
-RUN_LIMIT = 60.0  # seconds for the whole hostile run (issue 7)
 
 
 def shown(rel: str) -> str:
@@ -153,12 +151,13 @@ def test_hostile_corpus_through_the_cli(world: Path) -> None:
     if not LOCKS_BITE:
         cases = tuple(Case(c.rel, "good") if c.reason in _LOCKS else c for c in cases)
         keep = {f: v for f, v in keep.items() if not f.startswith(("locked/", "doc_unreadable_"))}
+    # no time limit: every outcome below is the document's, not the machine's speed (the guard's
+    # deadline has its own tests, with a stage that is slow by construction); memory stays capped
     proc, seconds = cli(
-        "ingest", "--out", str(out), "--doc-timeout", str(DOC_TIMEOUT), "--jobs", "2", "--json", "--", str(corpus)
+        "ingest", "--out", str(out), "--doc-timeout", "0", "--jobs", "2", "--json", "--", str(corpus)
     )
     print(f"\nhostile run: exit {proc.returncode} in {seconds:.1f} s")
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert seconds < RUN_LIMIT
     summary = json.loads(proc.stdout)
     failures: list[str] = summary["failures"]
     warnings: list[str] = summary["warnings"]
@@ -177,7 +176,7 @@ def test_hostile_corpus_through_the_cli(world: Path) -> None:
         assert any(
             failure.startswith((shown(c.rel), shown(c.rel).rsplit("/", 1)[0] + "/:"))
             for c in cases
-            if c.expect in ("bad", "heavy")
+            if c.expect == "bad"
         ), f"unexpected failure: {failure}"
         assert "hint:" in failure, failure
     for case in cases:
@@ -185,8 +184,6 @@ def test_hostile_corpus_through_the_cli(world: Path) -> None:
         if case.expect == "bad":
             assert failure is not None, f"{case.rel} should have failed"
             assert case.reason.lower() in failure.lower(), failure
-        elif case.expect == "heavy":
-            assert failure is None or "took longer than" in failure, failure
         else:
             assert failure is None, failure
         if case.warning:
@@ -203,7 +200,7 @@ def test_hostile_corpus_through_the_cli(world: Path) -> None:
     policy = Policy()
     good = [c.rel for c in cases if c.expect == "good"]
     own = [c.rel for c in cases if c.expect == "good-own"]
-    heavy = [c.rel for c in cases if c.expect == "heavy" and failure_of(c) is None]
+    heavy = [c.rel for c in cases if c.expect == "heavy"]
     for rel in good + own + heavy:
         assert docs.get(rel, {}).get("files"), f"{rel} was not chunked"
     if CHECKER.exists():
@@ -213,7 +210,7 @@ def test_hostile_corpus_through_the_cli(world: Path) -> None:
         errors = []
     for rel in own:
         errors += own_errors(corpus, out, rel, docs[rel]["files"], policy)
-    for rel in heavy:  # chunked within the limit on this machine: the linear checks
+    for rel in heavy:  # too big for the quadratic checks: the linear ones
         errors += light_errors(corpus, out, rel, docs[rel]["files"])
     assert not errors, "\n".join(errors[:20])
 
@@ -240,51 +237,86 @@ def _corpus(root: Path, docs: dict[str, str]) -> Path:
     return root
 
 
-SLOW = "".join("  " * i + "- x\n" for i in range(3_000))  # a staircase of lists: minutes of work
+HOG_MARK = "<!-- chunkyard-test: hog -->"
 GOOD = "# Good\n\nA fine document.\n"
+SLOW = f"{STALL_MARK}\n# Slow\n\nNever finishes under ``stalling_stage``.\n"
+HOG = f"{HOG_MARK}\n# Hog\n\nAllocates until refused under ``stalling_stage``.\n"
+
+
+def stalling_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test-only stage, slow or hungry by construction, whatever the parser's speed: a document
+    that starts with ``STALL_MARK`` never finishes, one that starts with ``HOG_MARK`` allocates
+    16 MiB after 16 MiB until refused. Patched before the pool forks its workers."""
+    real = runner_mod.chunk_document
+
+    def stage(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
+        if raw.startswith(STALL_MARK.encode()):
+            threading.Event().wait()  # never set: only the guard ends this
+        if raw.startswith(HOG_MARK.encode()):
+            hoard = []
+            while True:  # only the memory cap ends this
+                hoard.append(bytearray(16 << 20))
+        return real(raw, rel_path, *a, **k)
+
+    monkeypatch.setattr(runner_mod, "chunk_document", stage)
 
 
 def _jobs(corpus: Path, out: Path, rels: list[str]) -> list[Job]:
     return [Job(str(corpus / r), r, str(out), Policy(), "2026-01-01T00:00:00Z") for r in rels]
 
 
-def test_a_slow_document_is_stopped_and_the_run_goes_on(tmp_path: Path) -> None:
+def test_a_slow_document_is_stopped_and_the_run_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stalling_stage(monkeypatch)
     corpus = _corpus(tmp_path / "c", {"a.md": GOOD, "slow.md": SLOW, "z.md": GOOD})
     counter("cl100k_base")
     pool = GuardPool(1, 1.0, 0)  # one worker: the one after the slow document needs a new worker
     try:
-        started = time.perf_counter()
         results = list(pool.run(_jobs(corpus, tmp_path / "o", ["a.md", "slow.md", "z.md"])))
-        assert time.perf_counter() - started < 10
     finally:
         pool.close()
     assert [r.rel_path for r in results] == ["a.md", "slow.md", "z.md"]
     assert results[0].error is None and results[2].error is None and results[2].files
-    assert results[1].error and "took longer than 1 s" in results[1].error and "--doc-timeout" in results[1].error
+    assert (
+        results[1].error
+        and "took longer than 1 s" in results[1].error
+        and "--doc-timeout" in results[1].error
+    )
 
 
-def test_the_guard_works_from_a_thread_that_is_not_main(tmp_path: Path) -> None:
+def test_the_guard_works_from_a_thread_that_is_not_main(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """watch syncs from its own thread, where signal-based alarms cannot work."""
+    stalling_stage(monkeypatch)
     corpus = _corpus(tmp_path / "c", {"a.md": GOOD, "slow.md": SLOW})
     opts = Options(corpus, tmp_path / "o", jobs=1, doc_timeout=1.0)
     got: list[Any] = []
     with Session(opts) as session:
         thread = threading.Thread(target=lambda: got.append(session.sync(["a.md", "slow.md"])))
         thread.start()
-        thread.join(20)
+        thread.join(600)  # a hang's safety net, not a speed claim: the stage never ends by itself
         assert not thread.is_alive()
         assert session._pool is not None
         workers = [w.proc for w in session._pool._idle]
     assert not [p for p in workers if p.is_alive()]  # the session took its workers with it
     (summary,) = got
-    assert summary.failures and summary.failures[0].startswith("slow.md") and "took longer" in summary.failures[0]
+    assert (
+        summary.failures
+        and summary.failures[0].startswith("slow.md")
+        and "took longer" in summary.failures[0]
+    )
     assert (tmp_path / "o" / "doc_a__ch0.json").exists()
 
 
-def test_a_document_that_needs_too_much_memory_is_stopped(tmp_path: Path) -> None:
-    corpus = _corpus(tmp_path / "c", {"hog.md": SLOW, "z.md": GOOD})
+def test_a_document_that_needs_too_much_memory_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stalling_stage(monkeypatch)
+    corpus = _corpus(tmp_path / "c", {"hog.md": HOG, "z.md": GOOD})
     counter("cl100k_base")
-    pool = GuardPool(1, 60.0, 48)  # 48 MiB over what the worker has: the staircase wants far more
+    pool = GuardPool(1, 0, 48)  # 48 MiB over what the worker has, no deadline: the hog wants it all
     try:
         results = list(pool.run(_jobs(corpus, tmp_path / "o", ["hog.md", "z.md"])))
     finally:
@@ -293,7 +325,9 @@ def test_a_document_that_needs_too_much_memory_is_stopped(tmp_path: Path) -> Non
     assert results[1].error is None and results[1].files
 
 
-def test_a_worker_that_dies_or_hits_a_bug_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_that_dies_or_hits_a_bug_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = runner_mod.chunk_document
 
     def sabotage(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
@@ -309,7 +343,9 @@ def test_a_worker_that_dies_or_hits_a_bug_is_reported(tmp_path: Path, monkeypatc
     dumps = faulthandler.is_enabled()
     faulthandler.disable()  # pytest's: it would print the worker's crash as if it were ours
     try:
-        results: list[DocResult] = list(pool.run(_jobs(corpus, tmp_path / "o", ["crash.md", "bug.md", "ok.md"])))
+        results: list[DocResult] = list(
+            pool.run(_jobs(corpus, tmp_path / "o", ["crash.md", "bug.md", "ok.md"]))
+        )
     finally:
         pool.close()
         if dumps:
@@ -385,7 +421,9 @@ def test_a_job_too_big_to_send_ahead_waits_for_an_empty_pipe(tmp_path: Path) -> 
     assert all(r.error is None and r.files for r in results)
 
 
-def test_jobs_wait_in_a_pipe_only_within_its_byte_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jobs_wait_in_a_pipe_only_within_its_byte_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A job of an incremental run carries its document's old ids and digests (kilobytes):
     what waits in a pipe is bounded by bytes, not only by count, or the parent could block
     on a full pipe while the worker blocks sending its result."""
@@ -443,8 +481,11 @@ def test_the_parent_naps_while_every_worker_has_work_waiting(tmp_path: Path) -> 
     assert alone[0].error is None and len(naps) == many
 
 
-def test_a_slow_document_among_many_is_stopped_on_time(tmp_path: Path) -> None:
+def test_a_slow_document_among_many_is_stopped_on_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The parent naps while workers have work queued; a deadline still ends a slow document."""
+    stalling_stage(monkeypatch)
     rels = [f"d{i:02d}.md" for i in range(40)]
     docs = dict.fromkeys(rels, GOOD) | {"slow.md": SLOW}
     corpus = _corpus(tmp_path / "c", docs)
@@ -452,19 +493,18 @@ def test_a_slow_document_among_many_is_stopped_on_time(tmp_path: Path) -> None:
     counter("cl100k_base")
     pool = GuardPool(2, 1.0, 0)
     try:
-        started = time.perf_counter()
         results = list(pool.run(_jobs(corpus, tmp_path / "o", order)))
-        took = time.perf_counter() - started
     finally:
         pool.close()
     assert [r.rel_path for r in results] == order
     slow = results[20]
     assert slow.error and "took longer than 1 s" in slow.error
     assert all(r.error is None and r.files for r in results if r is not slow)
-    assert took < 10
 
 
-def test_jobs_waiting_behind_a_crash_go_to_a_fresh_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jobs_waiting_behind_a_crash_go_to_a_fresh_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = runner_mod.chunk_document
 
     def sabotage(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
@@ -491,37 +531,41 @@ def test_jobs_waiting_behind_a_crash_go_to_a_fresh_worker(tmp_path: Path, monkey
 def test_workers_exit_when_their_parent_dies(tmp_path: Path) -> None:
     """A worker outliving its run would keep the output lock (an flock shared across fork)."""
     _corpus(tmp_path / "c", {"slow.md": SLOW})
+    started = tmp_path / "started"
     script = f"""
-import os, sys, threading, time
+import os, threading, time
 from pathlib import Path
+import pipeline.run.worker as runner_mod
 from pipeline.run.pool import GuardPool
 from pipeline.models import Policy
 from pipeline.run.worker import Job
 from pipeline.runner import counter
+def stall(raw, rel_path, *a, **k):  # the test's stage: slow by construction
+    Path({str(started)!r}).write_text(str(os.getpid()))
+    threading.Event().wait()
+runner_mod.chunk_document = stall
 counter("cl100k_base")
-pool = GuardPool(1, 600.0, 0)
+pool = GuardPool(1, 0, 0)
 job = Job({str(tmp_path / "c" / "slow.md")!r}, "slow.md", {str(tmp_path / "o")!r}, Policy(), "2026-01-01T00:00:00Z")
-def run():
-    list(pool.run([job]))
-threading.Thread(target=run, daemon=True).start()
-time.sleep(1.0)
-print(os.getpid(), flush=True)
-for p in __import__("multiprocessing").active_children():
-    print(p.pid, flush=True)
+threading.Thread(target=lambda: list(pool.run([job])), daemon=True).start()
+while not Path({str(started)!r}).exists():  # the worker is inside the document
+    time.sleep(0.01)
+print(os.getpid(), Path({str(started)!r}).read_text(), flush=True)
 os._exit(0)
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False
+    )
     pids = [int(x) for x in proc.stdout.split()]
     assert len(pids) == 2, proc.stdout + proc.stderr
     worker = pids[1]
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
+    safety_net = time.monotonic() + 300  # a hang's net, not a speed claim: it exits at once
+    while Path(f"/proc/{worker}").exists():  # waits for the worker's exit
         stat = Path(f"/proc/{worker}/stat").read_text() if Path(f"/proc/{worker}/stat").exists() else ""
         if stat.split(") ")[-1][:1] == "Z":
             break  # exited, waiting to be reaped by init
-        time.sleep(0.1)
-    else:
-        assert not Path(f"/proc/{worker}").exists(), "the worker outlived its parent"
+        assert time.monotonic() < safety_net, "the worker outlived its parent"
+        time.sleep(0.05)
 
 
 def test_an_unreadable_folder_keeps_its_chunks(world: Path) -> None:
@@ -537,7 +581,9 @@ def test_an_unreadable_folder_keeps_its_chunks(world: Path) -> None:
             summary = ingest(Options(corpus, out, jobs=1))
     finally:
         (corpus / "locked").chmod(0o755)
-    assert summary.failures == ["locked/: read: cannot list folder (Permission denied) (hint: make it readable)"]
+    assert summary.failures == [
+        "locked/: read: cannot list folder (Permission denied) (hint: make it readable)"
+    ]
     assert snapshot(out, ["locked/doc_inside__ch0.json"]) == before
     assert "locked/inside.md" in manifest_docs(out)
     with as_nobody():
@@ -611,8 +657,8 @@ def test_link_reference_definitions_are_linear_and_unchanged() -> None:
     texts = [
         "[a]: /u\n[b]: /v 'title'\n[c]:\n  /w\n  \"t\"\n\npara\n",
         "[a]: /u\nnot a definition\n[b]: /v\n",
-        "[a]: /u \"unclosed\ntitle\"\n[b]: /v\n",
-        "[a]: /u \"unclosed\n\nafter\n",
+        '[a]: /u "unclosed\ntitle"\n[b]: /v\n',
+        '[a]: /u "unclosed\n\nafter\n',
         "[a]: <x y>\n[b]: /v bad\n[c]: /w\n",
         "[a]:\n\n[b]: /v\n",
         "[a]: /u\nx",
@@ -631,9 +677,25 @@ def test_link_reference_definitions_are_linear_and_unchanged() -> None:
         finally:
             block_token.Footnote.read = patched  # type: ignore[method-assign]
         assert ours == theirs, text[:80]
-    started = time.perf_counter()
-    _mistletoe("".join(f"[r{i}]: /u{i}\n" for i in range(60_000)))
-    assert time.perf_counter() - started < 10  # mistletoe's own: some 7 s for 60 000, 4x that for twice
+    # linear by count, not by the clock: the characters each match may look at (from its
+    # offset to the end of what it is given) grow with the run, not with its square
+    work = [0]
+    real = block_token.Footnote.match_reference.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: Any, text: str, offset: int) -> Any:
+        work[0] += len(text) - offset
+        return real(cls, text, offset)
+
+    looked = []
+    for n in (20_000, 40_000):
+        work[0] = 0
+        try:
+            block_token.Footnote.match_reference = classmethod(counted)  # type: ignore[method-assign,assignment]
+            _mistletoe("".join(f"[r{i}]: /u{i}\n" for i in range(n)))
+        finally:
+            block_token.Footnote.match_reference = classmethod(real)  # type: ignore[method-assign,assignment]
+        looked.append(work[0])
+    assert looked[1] <= 2.2 * looked[0], looked  # mistletoe's own read: 4x for twice the run
 
 
 def _shape(doc: Any) -> list[tuple[str, int]]:
@@ -666,7 +728,9 @@ def _mistletoe_read(cls: Any, lines: Any) -> Any:
 def test_front_matter_that_explodes_is_a_warning() -> None:
     laughs = (
         "---\na: &a [x, x, x, x, x, x, x, x, x]\n"
-        + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+        + "".join(
+            f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        )
         + "---\nbody\n"
     )
     doc = normalize(laughs.encode(), "laughs.md")
@@ -715,7 +779,7 @@ def _slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float, rels: set[str]
 
     def slow(job: Job, *a: Any, **k: Any) -> Any:
         if job.rel_path in rels:
-            time.sleep(seconds)
+            threading.Event().wait(None if seconds == math.inf else seconds)
         return real(job, *a, **k)
 
     monkeypatch.setattr(runner_mod, "_write", slow)
@@ -740,17 +804,14 @@ def test_a_write_that_never_ends_is_stopped_and_marked_unsafe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(guard_mod, "WRITE_FACTOR", 3)
-    _slow_writes(monkeypatch, 60, {"stuck.md"})
+    _slow_writes(monkeypatch, math.inf, {"stuck.md"})  # never ends: only the guard stops it
     corpus = _corpus(tmp_path / "c", {"a.md": GOOD, "stuck.md": GOOD, "z.md": GOOD})
     counter("cl100k_base")
     pool = GuardPool(1, 0.5, 0)  # stopped 3 x 0.5 s after its writing began
     try:
-        started = time.perf_counter()
         results = list(pool.run(_jobs(corpus, tmp_path / "o", ["a.md", "stuck.md", "z.md"])))
-        took = time.perf_counter() - started
     finally:
         pool.close()
-    assert 1.5 <= took < 10
     assert results[0].error is None and results[2].error is None
     assert results[1].error and "took longer than 1.5 s writing its chunk files" in results[1].error
     assert results[1].unsafe  # its files may be half new: the next run re-checks the document

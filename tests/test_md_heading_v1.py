@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
@@ -360,3 +361,27 @@ def test_blocks_provenance_lists_every_contributing_block_in_order() -> None:
     assert spans == sorted(spans)
     assert [text[s:e] for s, e in spans] == ["# P", "One.", "- a\n- b", "> q", "| t |\n|---|\n| 1 |"]
     assert len({b["block_id"] for b in chunk["blocks"]}) == len(spans)
+
+
+def test_a_dense_table_over_twice_the_target_splits_even_when_its_text_is_short() -> None:
+    """Rule 3 counts tokens: CJK cells make a table of 2 × the target in few characters."""
+    rows = ["|項|説|", "|-|-|"] + [f"|{i}|鬱蒐齣鑾|" for i in range(20)]
+    tab = "\n".join(rows)
+    assert COUNT(tab) >= 2 * 64 and len(tab) < 4 * 64  # dense: more tokens than characters
+    text = f"# 表\n\n{tab}\n"
+    result = chunk_md(text, "t.md", target_tokens=64, overlap_tokens=8)
+    start = text.index(tab)
+    pieces = chunks_touching(result, start, start + len(tab))
+    assert len(pieces) > 1, f"a table of {COUNT(tab)} tokens (2 × 64 = 128) stays whole"
+    assert list(invariant_errors(result)) == []
+
+
+def test_the_budget_invariant_catches_an_unsplit_table_over_twice_the_target() -> None:
+    """The shared invariant exempts only what rule 3 allows: a table chunked whole under a large
+    target, judged against a target it is twice of, is a violation."""
+    tab = table(60)
+    whole = chunk_md(f"# T\n\n{tab}\n", "t.md", target_tokens=4096)
+    assert list(invariant_errors(whole)) == []
+    small = dataclasses.replace(whole, policy=Policy(target_tokens=COUNT(tab) // 2 - 1))
+    errors = list(invariant_errors(small))
+    assert any("a whole table of" in e for e in errors), errors

@@ -14,6 +14,7 @@ import pytest
 from conftest import CHECKER, chunk_md, invariant_errors, load_checker, stable
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
+from outline import Outline
 
 from pipeline.errors import StageError
 from pipeline.models import Policy
@@ -136,9 +137,10 @@ def policies(draw: Any) -> Policy:
 
 
 def outline(text: str):
-    """What markdown-it-py (the independent checker's parser) sees in ``text``."""
+    """What markdown-it-py (the independent checker's parser) sees in ``text``: the shared
+    checker's ``Outline``, or where ../shared is absent our own on the same parser."""
     if not CHECKER.exists():
-        pytest.skip(f"{CHECKER} not found")
+        return Outline(text)
     return load_checker().Outline(text)
 
 
@@ -254,3 +256,13 @@ def test_pathological_one_line_documents(target: int) -> None:
     for text in ["x" * 5000, "中" * 3000, "| " + "a | " * 800, "# " + "h" * 3000, "> " + "q " * 2000]:
         result = chunk_md(text, "p.md", target_tokens=target, overlap_tokens=target // 4)
         assert list(invariant_errors(result)) == [], text[:10]
+
+
+@settings(max_examples=THIRD)
+@given(markdown())
+def test_the_local_outline_is_the_checkers(text: str) -> None:
+    """``tests/outline.py`` stands in for the shared checker's ``Outline`` without ../shared."""
+    if not CHECKER.exists():
+        pytest.skip(f"{CHECKER} not found: nothing to compare with")
+    ours, theirs = Outline(text), load_checker().Outline(text)
+    assert (ours.fm_end, ours.headings, ours.atomic) == (theirs.fm_end, theirs.headings, theirs.atomic)

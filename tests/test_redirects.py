@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import CORPORA
 
 from pipeline.errors import PipelineError
 from pipeline.run.ingest import Options, Session, ingest
@@ -17,11 +18,6 @@ from pipeline.run.redirects import Chunklet, collapse, match, match_by_hash, pla
 from pipeline.run.state import FEED, REDIRECTS, STATE_DIR
 from pipeline.stages.normalize import normalize
 from pipeline.stages.parse import parse
-
-CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
-if not CORPORA.is_dir():
-    CORPORA = Path("/work/shared/corpora")
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -352,6 +348,25 @@ def pick_documents(n: int = 50) -> list[Path]:
     return sorted(picked)
 
 
+def generated_documents(n: int) -> dict[str, bytes]:
+    """Stand-ins for ``pick_documents``: 2-6 sections of 3-6 paragraphs of varied sentences."""
+    rng = random.Random(20261125)
+    vocab = ["chunk", "yard", "section", "heading", "token", "budget", "offset", "anchor", "redirect", "manifest", "feed", "watch", "editor", "loader", "vector", "index", "search", "citation", "source", "revision", "policy", "split", "merge", "table", "list", "quote"]  # fmt: skip
+    docs = {}
+    for i in range(n):
+        parts = [f"# Document {i}\n"]
+        for s in range(rng.randint(2, 6)):
+            parts.append(f"## Part {s} of {i}\n")
+            for _ in range(rng.randint(3, 6)):
+                sentences = [" ".join(rng.choice(vocab) for _ in range(rng.randint(6, 18))).capitalize() + "."
+                             for _ in range(rng.randint(2, 7))]  # fmt: skip
+                parts.append(" ".join(sentences) + "\n")
+            if rng.random() < 0.3:
+                parts.append("- " + "\n- ".join(rng.choice(vocab) for _ in range(4)) + "\n")
+        docs[f"gen{i % 3}/doc{i:02d}.md"] = "\n".join(parts).encode()
+    return docs
+
+
 def score(before: dict[str, dict[str, Any]], out: Path, texts: dict[str, str]) -> tuple[int, int, list[str]]:
     """How many old ids whose text still exists resolve to a chunk that holds that text.
 
@@ -399,17 +414,19 @@ def score(before: dict[str, dict[str, Any]], out: Path, texts: dict[str, str]) -
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[str]]:
-    docs = pick_documents()
-    if len(docs) < 50:
-        pytest.skip(f"needs 50 structured documents under {CORPORA}; found {len(docs)}")
+    docs = pick_documents() if CORPORA.is_dir() else []
+    texts = (
+        {f"{p.relative_to(CORPORA).parts[0]}/{p.name}": p.read_bytes() for p in docs}
+        if len(docs) == 50
+        else generated_documents(50)  # no ../shared here: structured documents of our own
+    )
     base = tmp_path_factory.mktemp("edit-suite")
     corpus, out = base / "corpus", base / "out"
     rels = []
-    for path in docs:
-        rel = f"{path.relative_to(CORPORA).parts[0]}/{path.name}"
+    for rel, raw in texts.items():
         (corpus / rel).parent.mkdir(parents=True, exist_ok=True)
         # canonical text, so that the edits below work on the same offsets
-        (corpus / rel).write_text(normalize(path.read_bytes(), rel).text, encoding="utf-8")
+        (corpus / rel).write_text(normalize(raw, rel).text, encoding="utf-8")
         rels.append(rel)
     summary = run(corpus, out)
     assert not summary.failures

@@ -66,13 +66,19 @@ COLLECT = """(function (di) {
 
 def chunkyard(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "pipeline", *args],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 
-def build(corpus: Path, out: Path, html: Path) -> ChunkStore:
+def build(corpus: Path, out: Path, html: Path, exit_code: int = 0) -> ChunkStore:
+    """Ingest (``exit_code``: 1 where the corpus holds a broken file on purpose), then the report."""
     run = chunkyard("ingest", str(corpus), "--out", str(out), "--quiet", "--doc-timeout", "300")
-    assert run.returncode in (0, 1), run.stderr
+    assert run.returncode == exit_code, run.stderr
     view = chunkyard("view", "--out", str(out), "--html", str(html), "--quiet")
     assert view.returncode == 0, view.stderr
     return open_store(out)
@@ -99,7 +105,9 @@ def open_page(browser: Browser, html: Path, fragment: str = "") -> None:
 
 def check_bands(browser: Browser, store: ChunkStore) -> int:
     """Every chunk of every document drawn exactly over its [charStart, charEnd); returns the chunk count."""
-    table = browser.evaluate("JSON.stringify(JSON.parse(document.getElementById('cy-meta').textContent).overview.table)")
+    table = browser.evaluate(
+        "JSON.stringify(JSON.parse(document.getElementById('cy-meta').textContent).overview.table)"
+    )
     names = [row[0] for row in json.loads(table)]
     assert names == sorted(store.docs)
     checked = 0
@@ -136,7 +144,12 @@ def check_bands(browser: Browser, store: ChunkStore) -> int:
 def assert_clean(browser: Browser) -> None:
     assert browser.problems() == []
     assert browser.evaluate("typeof window.__pwned") == "undefined"
-    assert browser.evaluate("document.querySelectorAll('iframe, img, textarea, .doctext script, .doctext a').length") == 0
+    assert (
+        browser.evaluate(
+            "document.querySelectorAll('iframe, img, textarea, .doctext script, .doctext a').length"
+        )
+        == 0
+    )
 
 
 def wait_for(browser: Browser, expression: str, timeout: float = 30.0) -> None:
@@ -164,7 +177,7 @@ def test_sample_corpus(browser: Browser, artifacts: Path, tmp_path: Path) -> Non
     (corpus / "marker.md").write_text(MARKER_DOC, encoding="utf-8")
     (corpus / "broken.md").write_bytes(b"# Broken\n\n\xff not UTF-8\n")
     html = tmp_path / "report.html"
-    store = build(corpus, tmp_path / "chunks", html)
+    store = build(corpus, tmp_path / "chunks", html, exit_code=1)
     open_page(browser, html)
     assert browser.evaluate("document.querySelectorAll('.card').length") == 6
     assert "broken.md" in browser.evaluate("document.body.innerText")
@@ -201,7 +214,7 @@ def test_hostile_corpus(browser: Browser, artifacts: Path, hostile_dir: Path) ->
     (corpus / "line_10mb.md").write_bytes(CONTENT["line_10mb.md"]())
     (corpus / "marker.md").write_text(MARKER_DOC * 50, encoding="utf-8")
     html = tmp_path / "report.html"
-    store = build(corpus, tmp_path / "chunks", html)
+    store = build(corpus, tmp_path / "chunks", html, exit_code=1)
     open_page(browser, html)
     browser.screenshot(artifacts / "view-hostile-overview.png")
     assert check_bands(browser, store) > 0
@@ -210,8 +223,10 @@ def test_hostile_corpus(browser: Browser, artifacts: Path, hostile_dir: Path) ->
     di = doc_index(store, "headings_2k.md")
     open_page(browser, html, f"#doc={di}")
     assert browser.evaluate("document.querySelectorAll('nav.outline a').length") == 2000
-    last = browser.evaluate("(function(){var a=document.querySelectorAll('nav.outline a'); a[a.length-1].click();"
-                            "return a[a.length-1].getAttribute('href');})()")
+    last = browser.evaluate(
+        "(function(){var a=document.querySelectorAll('nav.outline a'); a[a.length-1].click();"
+        "return a[a.length-1].getAttribute('href');})()"
+    )
     at = int(last.rsplit("at=", 1)[1])
     source = store.source("headings_2k.md")
     assert source is not None and source.text[at:].split("\n", 1)[0].endswith("# Heading 1999")
@@ -253,7 +268,10 @@ def payload(start: int, end: int, rank: int, **extra: Any) -> dict[str, Any]:
 
 
 def test_search_page(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
-    hits = [(SOURCE.index("Hardware"), SOURCE.index("\n\n## Rotation")), (SOURCE.index("Rotate"), len(SOURCE) - 1)]
+    hits = [
+        (SOURCE.index("Hardware"), SOURCE.index("\n\n## Rotation")),
+        (SOURCE.index("Rotate"), len(SOURCE) - 1),
+    ]
     record = {
         "schema_version": "1.0.0", "event": "retrieve.run", "ts": "2026-11-25T07:00:00Z", "trace_id": "t1",
         "q_id": "q1", "query": "admin keys </title><script>window.__pwned='q'</script>", "ranker": "hybrid",
@@ -300,7 +318,12 @@ def test_eval_page(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
             "[r.closest('section').querySelector('h3').textContent, r.getAttribute('data-series'), +r.getAttribute('data-value')]))"
         )
     )
-    want = [[m, run, v] for m in ("recall@10", "MRR@10", "nDCG@10") for run, vals in pack["chunkers"].items() for v in [vals[m]]]  # type: ignore[attr-defined]
+    want = [
+        [m, run, v]
+        for m in ("recall@10", "MRR@10", "nDCG@10")
+        for run, vals in pack["chunkers"].items()
+        for v in [vals[m]]
+    ]  # type: ignore[attr-defined]
     assert bars == want
     verdicts = browser.evaluate(
         "[...document.querySelectorAll('.q')].map(q => q.getAttribute('data-qid') + ':' + "

@@ -132,6 +132,7 @@ def check_citations_cmd(
         Path, typer.Argument(metavar="ANSWER.json", help="The answer with its citation block.")
     ],
     out: AuditOutOpt = Path("chunks"),
+    corpus: AuditCorpusOpt = None,
     allow_cross_section: Annotated[
         bool, typer.Option("--allow-cross-section", help="Let one segment cite several sections.")
     ] = False,
@@ -148,6 +149,7 @@ def check_citations_cmd(
 
     Required per citation: snippet_id (a chunk_id), section_id, source_url, offsets{start,end,unit:"char"},
     tokens, rev, analyzer; index_hash against the live index when there is one (`chunkyard index`).
+    A --corpus given must exist (SPEC §7: every command takes one).
     """
     from pipeline.audit.citations import check_answer, load_answer
     from pipeline.audit.store import open_store
@@ -155,7 +157,7 @@ def check_citations_cmd(
     from pipeline.index.query import live_index_hash
 
     try:
-        chunks = open_store(out)
+        chunks = open_store(out, corpus, need_corpus=corpus is not None)
         data, failed = load_answer(answer)
         live = live_index_hash(out, store)
     except PipelineError as exc:

@@ -9,7 +9,6 @@ from typing import Annotated
 
 import orjson
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -35,6 +34,7 @@ from pipeline.cli.base import (
     make_policy,
     out_console,
     resolve_corpus,
+    usage_error,
 )
 from pipeline.errors import PipelineError
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
@@ -145,8 +145,7 @@ def ingest_cmd(
                 on_wait=waiting,
             )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")  # brackets in it are text, not markup
-        raise typer.Exit(2) from None
+        raise usage_error(exc, json_out) from None
     report(summary, quiet=quiet, json_out=json_out)
     raise typer.Exit(summary.exit_code)
 
@@ -248,8 +247,7 @@ def watch_cmd(
             store=store,
         )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")  # brackets in it are text, not markup
-        raise typer.Exit(2) from None
+        raise usage_error(exc, json_out) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     raise typer.Exit(code)

@@ -14,6 +14,7 @@ import orjson
 import xxhash
 
 from pipeline.errors import SchemaError
+from pipeline.run.checkpoint import reached
 
 if TYPE_CHECKING:  # jsonschema takes ~0.15 s to import: only a run that writes needs it
     import jsonschema
@@ -166,19 +167,22 @@ def _split(path: str | os.PathLike[str], folders: dict[str, int]) -> tuple[int, 
     return folder, name
 
 
-def write_all_atomic(items: Sequence[tuple[str | os.PathLike[str], bytes]], new: bool = False) -> None:
+def write_all_atomic(
+    items: Sequence[tuple[str | os.PathLike[str], bytes]], new: bool = False, chunks: bool = False
+) -> None:
     """Write every file to a temp file first, then rename them all into place.
 
     If any temp file cannot be written (a full disk, an I/O error), the others are
     removed and no target is touched: a document is replaced whole or not at all.
     ``new`` says no target exists yet (a fresh output folder): see ``_write_all_new``.
+    ``chunks``: these are chunk files (the crash test's points, ``checkpoint.py``).
     """
     global _unnamed_usable
     folders: dict[str, int] = {}
     try:
         if new and _unnamed_usable and len(items) <= _UNNAMED_AT_ONCE:
             try:
-                _write_all_new(items, folders)
+                _write_all_new(items, folders, chunks)
                 return
             except _NoUnnamedError:
                 _unnamed_usable = False
@@ -196,9 +200,18 @@ def write_all_atomic(items: Sequence[tuple[str | os.PathLike[str], bytes]], new:
             except BaseException:
                 _unlink_all(temps[i:])
                 raise
+            if chunks:
+                _named(i, len(temps))
     finally:
         for folder in folders.values():
             os.close(folder)
+
+
+def _named(i: int, total: int) -> None:
+    """Crash points (``checkpoint.py``): a chunk file got its name; more of its document to come."""
+    reached("chunk-file")
+    if i + 1 < total:
+        reached("between-renames")
 
 
 class _NoUnnamedError(Exception):
@@ -214,7 +227,9 @@ _unnamed_proven = False  #: a document went that way in this process: later fail
 _UNNAMED_AT_ONCE = 256
 
 
-def _write_all_new(items: Sequence[tuple[str | os.PathLike[str], bytes]], folders: dict[str, int]) -> None:
+def _write_all_new(
+    items: Sequence[tuple[str | os.PathLike[str], bytes]], folders: dict[str, int], chunks: bool = False
+) -> None:
     """Write files whose targets do not exist: each is made unnamed, then linked into place.
 
     On Linux ``O_TMPFILE`` makes a file with no name in its folder; ``linkat`` gives
@@ -238,13 +253,17 @@ def _write_all_new(items: Sequence[tuple[str | os.PathLike[str], bytes]], folder
             fd = os.open(".", _UNNAMED_FLAGS, 0o644, dir_fd=folder)
             made.append((folder, fd, name))
             _write_fd(fd, data)
-        for folder, fd, name in made:
+        for i, (folder, fd, name) in enumerate(made):
             try:
                 os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
             except FileExistsError:
                 _link_over(fd, folder, name)
+                if chunks:
+                    _named(i, len(made))
                 continue  # it had a name before this call: not one to take back
             named.append((folder, name))
+            if chunks:
+                _named(i, len(made))
     except BaseException as exc:
         for folder, name in named:
             with contextlib.suppress(OSError):

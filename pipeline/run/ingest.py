@@ -15,6 +15,7 @@ import xxhash
 from pipeline._version import __version__
 from pipeline.errors import UsageError
 from pipeline.models import Policy
+from pipeline.run.checkpoint import reached
 from pipeline.run.discover import Found, discover, find_one, walk
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.redirects import changes, collapse, match_by_hash
@@ -452,6 +453,7 @@ class Session:
             }
             try:
                 run.feed.finish()  # first: a run that dies after it says it again
+                reached("state-commit")
                 if redirects is not None:
                     save_redirects(opts.out, redirects)
                 save_manifest(opts.out, manifest)

@@ -16,6 +16,7 @@ import orjson
 import xxhash
 
 from pipeline.errors import UsageError
+from pipeline.run.checkpoint import reached
 from pipeline.run.emit import write_atomic
 from pipeline.stages.mint import SCHEMA_VERSION
 
@@ -193,6 +194,7 @@ class Feed:
             return
         self._size += len(data)
         self.lines += data.count(b"\n")
+        reached("feed-append")
 
     @property
     def used(self) -> bool:

@@ -299,6 +299,9 @@ class Watcher:
             if rest and self.fatal is None:
                 self._sync_batch(rest)
         except Exception as exc:  # a bug (or on_sync failed): say so, and keep the traceback
+            if not self.opts.corpus.is_dir():  # not a bug: the corpus went while a sync read it
+                self.corpus_gone()
+                return
             self.fatal = f"watch stopped: {exc!r}"
             raise
         finally:

@@ -172,7 +172,7 @@ def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
         if not on_disk:
             pending.append((target, dumps(chunk.record)))
     try:
-        write_all_atomic(pending, new=job.fresh)
+        write_all_atomic(pending, new=job.fresh, chunks=True)
     except OSError:
         result.unsafe = True
         raise

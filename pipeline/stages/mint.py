@@ -241,7 +241,8 @@ def mint(
             },
             "tokenStats": {
                 "tokens": d.tokens,
-                "estimatedTokens": estimate_tokens(d.embed_text),
+                # errs high (SPEC §2): the heuristic, never below the exact count
+                "estimatedTokens": max(estimate_tokens(d.embed_text), d.tokens),
                 "tokenizer": policy.tokenizer,
             },
             "hash": "blake3:" + blake3(original.encode("utf-8")).hexdigest(),

@@ -144,6 +144,8 @@ def parse(doc: SourceDoc, lines: Lines | None = None) -> tuple[Block, ...]:
 def _mistletoe(body: str) -> Document:
     """Block-level parse only: inline tokens are not needed to find blocks."""
     parts = body.split("\n")
+    if _ODD_BLANK.search(body):  # rare: only then look at each line
+        parts = [_visible_blanks(p) for p in parts]
     src = [p + "\n" for p in parts[:-1]]
     if parts[-1]:
         src.append(parts[-1])
@@ -156,6 +158,25 @@ def _mistletoe(body: str) -> Document:
         return Document(src)
     finally:
         span_token.tokenize_inner, block_token.Paragraph.__init__, block_token.Table.__init__ = saved  # type: ignore[method-assign]
+
+
+#: A blank other than space and tab (NBSP, U+3000, VT, FF, U+2028 ...): Python's ``str.strip``
+#: drops it, CommonMark's blank line (4.9 / 2.1) holds only spaces and tabs.
+_ODD_BLANK = re.compile(r"[^\S \t\n\r]")
+#: A Unicode noncharacter, reserved for a program's internal use: never text of a document.
+_STAND_IN = "\ufdd0"
+
+
+def _visible_blanks(line: str) -> str:
+    """A line of nothing but blanks, some not space or tab, with those shown as a non-blank.
+
+    mistletoe tests ``line.strip() == ""`` for a blank line; CommonMark takes such a line
+    for text (a paragraph line, a setext heading's content). The stand-in keeps the line's
+    length, so every offset holds; it is only ever seen by mistletoe (titles drop it).
+    """
+    if line.strip() or not _ODD_BLANK.search(line):
+        return line
+    return _ODD_BLANK.sub(_STAND_IN, line)
 
 
 def _leaf(self: Any, _lines: Any) -> None:
@@ -281,7 +302,7 @@ def _block(tok: Any, name: str, first: int, last: int, offset: int, lines: Lines
 
 def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
-    raw = "".join([getattr(c, "content", "") for c in (tok.children or ())])
+    raw = "".join([getattr(c, "content", "") for c in (tok.children or ())]).replace(_STAND_IN, " ")
     if len(raw) <= _INLINE_TITLE_CHARS and _INLINE_MARK.search(raw):
         saved = list(span_token._token_types)
         span_token.add_token(span_token.HtmlSpan)  # type: ignore[no-untyped-call] # so _plain drops tags

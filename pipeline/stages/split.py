@@ -110,7 +110,7 @@ class Splitter:
         elif tokens <= first_budget:
             yield Piece(block.start, block.end, top, bi, tokens, atomic=block.kind == "table")
         elif block.kind == "table":
-            if tokens < 2 * self.target or len(text) < 4 * self.target:
+            if tokens < 2 * self.target:  # rule 3 counts tokens (a CJK table is dense)
                 yield Piece(block.start, block.end, "table", bi, tokens, atomic=True)
             else:
                 yield from self.table_rows(block, bi, budget)

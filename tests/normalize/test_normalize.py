@@ -42,13 +42,21 @@ def test_normalize_matches_golden(case: Path, golden) -> None:
 def test_only_bom_and_line_endings_change(case: Path) -> None:
     """SPEC §1: strict UTF-8, BOM stripped, CRLF/CR → LF; nothing else changes."""
     raw = case.read_bytes()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # a UTF-16 mark: refused, saying so
+        with pytest.raises(StageError, match="UTF-16"):
+            normalize(raw, case.name)
+        return
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        with pytest.raises(StageError):
+        with pytest.raises(StageError, match="UTF-8"):
             normalize(raw, case.name)
         return
-    if "\x00" in text or raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+    if "\x00" in text:  # binary: refused at the first NUL, never chunked
+        with pytest.raises(StageError, match="NUL") as info:
+            normalize(raw, case.name)
+        nul = raw.index(b"\x00")
+        assert info.value.where == f"{case.name}:byte {nul}"
         return
     expected = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     assert normalize(raw, case.name).text == expected
