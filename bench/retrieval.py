@@ -125,16 +125,52 @@ class MemoryRetriever:
         return [{**self.chunks[i].as_item(), "score": s} for i, s in ranked[:k]]
 
 
-def default_embedder() -> Embed | None:
-    """Issue 16's default embedder (all-MiniLM-L6-v2 int8 ONNX) when the index extra is installed."""
+def default_embedder(cache: Path | None = None) -> Embed | None:
+    """Issue 16's default embedder (all-MiniLM-L6-v2 int8 ONNX) behind the on-disk cache
+    (``embed_cache``), when the ``embed`` extra is installed; else None (BM25 only)."""
     try:
-        from pipeline.index.embedders import make_embedder  # type: ignore[import-not-found]
+        from pipeline.index.embedders import make_embedder
 
         model = make_embedder(None)
-    except (ImportError, PipelineError) as exc:  # not merged yet, or the extra is missing: BM25 only
+        model.embed(["warm up"])  # a missing package shows here, not after the first chunker
+    except (ImportError, PipelineError) as exc:  # the extra is missing: BM25 only
         print(f"  dense/hybrid skipped: no embedder ({exc})", file=sys.stderr)
         return None
-    return lambda texts: model.embed(list(texts)).vectors
+    from embed_cache import CachedEmbed
+
+    return CachedEmbed(model, cache or RESULTS / "embed-cache.sqlite")
+
+
+def bench_corpus(corpus: Path, gold_path: Path, max_bytes: int, scratch: Path) -> Path:
+    """``corpus`` itself, or when its Markdown weighs more than ``max_bytes``, a copy of a part of it:
+    every document the gold set cites, then the others in a fixed pseudo-random order
+    (sha256 of the path) while they fit. Embedding 10 MB per chunker is hours on this CPU;
+    the distractors keep the search as hard as a corpus of that size."""
+    import hashlib
+    import shutil
+
+    from retrieval_peers import markdown_files
+
+    files = markdown_files(corpus)
+    sizes = {rel: (corpus / rel).stat().st_size for rel in files}
+    if sum(sizes.values()) <= max_bytes:
+        return corpus
+    cited = {json.loads(line)["source"] for line in gold_path.read_text().splitlines()
+             if line.strip() and not line.startswith("#")}
+    chosen, used = [], 0
+    for rel in sorted(files, key=lambda r: (r not in cited, hashlib.sha256(r.encode()).hexdigest())):
+        if rel in cited or used + sizes[rel] <= max_bytes:
+            chosen.append(rel)
+            used += sizes[rel]
+    root = scratch / f"{corpus.name}-{max_bytes // 1000}k"
+    if not root.is_dir() or sorted(markdown_files(root)) != sorted(chosen):
+        shutil.rmtree(root, ignore_errors=True)
+        for rel in chosen:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(corpus / rel, root / rel)
+    print(f"  {corpus.name}: {len(chosen)} of {len(files)} documents, {used / 1e6:.1f} of "
+          f"{sum(sizes.values()) / 1e6:.1f} MB (--max-bytes {max_bytes})", file=sys.stderr)
+    return root
 
 
 def evaluate_chunkers(
@@ -212,6 +248,8 @@ def main() -> None:
     ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all)")
     ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
+    ap.add_argument("--max-bytes", type=int, default=1_600_000,
+                    help="a larger corpus is cut to the gold set's documents plus others up to this size")
     args = ap.parse_args()
 
     from retrieval_peers import chunk_sets
@@ -225,6 +263,7 @@ def main() -> None:
         if not root.is_dir() or not gold_path.is_file():
             print(f"{corpus}: skipped (no corpus at {root} or no gold set at {gold_path})", file=sys.stderr)
             continue
+        root = bench_corpus(root, gold_path, args.max_bytes, RESULTS / "corpora")
         gold = load_gold(gold_path, root)
         started = time.perf_counter()
         sets, recovery = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)

@@ -51,13 +51,14 @@ ANCHOR = 48
 Doc = tuple[str, str]  #: (corpus-relative path, canonical text)
 
 
+def markdown_files(corpus: Path) -> list[str]:
+    """Every Markdown document of a corpus, corpus-relative, in path order."""
+    return sorted(p.relative_to(corpus).as_posix() for p in [*corpus.rglob("*.md"), *corpus.rglob("*.markdown")])
+
+
 def documents(corpus: Path) -> list[Doc]:
     """Every Markdown document of a corpus, in path order, as canonical text."""
-    docs = []
-    for path in sorted([*corpus.rglob("*.md"), *corpus.rglob("*.markdown")]):
-        rel = path.relative_to(corpus).as_posix()
-        docs.append((rel, decode(path.read_bytes(), rel)))
-    return docs
+    return [(rel, decode((corpus / rel).read_bytes(), rel)) for rel in markdown_files(corpus)]
 
 
 @dataclass(slots=True)
