@@ -16,6 +16,7 @@ import typer
 from pipeline._version import __version__
 from pipeline.cli import audit, ingest, view
 from pipeline.cli.base import app
+from pipeline.cli.eval import eval_cmd
 
 app.command("ingest")(ingest.ingest_cmd)
 app.command("watch")(ingest.watch_cmd)
@@ -23,6 +24,7 @@ app.command("validate")(audit.validate_cmd)
 app.command("resolve")(audit.resolve_cmd)
 app.command("check-citations")(audit.check_citations_cmd)
 app.command("view")(view.view_cmd)
+app.command("eval")(eval_cmd)
 
 
 def version_callback(value: bool) -> None:
