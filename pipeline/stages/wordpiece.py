@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,7 @@ def tokenizer_json() -> str:
 def _import_tokenizers() -> type[Tokenizer]:
     try:
         from tokenizers import Tokenizer
-    except ImportError as exc:  # pragma: no cover - the test environment has the extra
+    except ImportError as exc:
         raise UsageError(f"the WordPiece tokenizer needs the 'tokenizers' package: {INSTALL_HINT}") from exc
     return Tokenizer
 
@@ -71,3 +72,13 @@ def count_wordpieces(text: str) -> int:
     if not text:
         return 0
     return len(counting_tokenizer().encode(text, add_special_tokens=False).ids)
+
+
+def wordpiece_counter() -> Callable[[str], int]:
+    """The ``wordpiece`` policy tokenizer's count function (loads the tokenizer now)."""
+    encode = counting_tokenizer().encode
+
+    def count(text: str) -> int:
+        return len(encode(text, add_special_tokens=False).ids) if text else 0
+
+    return count
