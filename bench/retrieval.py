@@ -43,6 +43,7 @@ from pipeline.errors import PipelineError
 from pipeline.evaluate.chunks import EvalChunk
 from pipeline.evaluate.gold import GoldQuestion, load_gold
 from pipeline.evaluate.metrics import ModeReport, evaluate_run
+from pipeline.stages.tokens import Counter as TokenCounter
 
 CORPORA = REPO.parent / "shared" / "corpora"
 GOLD = HERE / "gold"
@@ -174,16 +175,28 @@ def bench_corpus(corpus: Path, gold_path: Path, max_bytes: int, scratch: Path) -
 
 
 def evaluate_chunkers(
-    gold: Sequence[GoldQuestion], chunk_sets: Mapping[str, Sequence[EvalChunk]], retriever: Retriever, k: int = POOL
+    gold: Sequence[GoldQuestion],
+    chunk_sets: Mapping[str, Sequence[EvalChunk]],
+    retriever: Retriever,
+    k: int = POOL,
+    variants: Callable[[Mapping[str, Search]], Mapping[str, tuple[str, Callable[[], Search]]]] | None = None,
 ) -> dict[str, dict[str, ModeReport]]:
-    """Per chunker and mode: the gold set's scores on what ``retriever`` finds in that chunker's chunks."""
+    """Per chunker and mode: the gold set's scores on what ``retriever`` finds in that chunker's chunks;
+    then per variant (``variants(built searches)`` → name → (base set, make search)) the same."""
     out: dict[str, dict[str, ModeReport]] = {}
-    for name, chunks in chunk_sets.items():
-        search = retriever(chunks)
+    built: dict[str, Search] = {}
+
+    def score(name: str, search: Search) -> None:
         out[name] = {}
         for mode in search.modes:
             run = {q.id: search(q.question, mode, k) for q in gold}
             out[name][mode] = evaluate_run(gold, run, mode=mode)
+
+    for name, chunks in chunk_sets.items():
+        built[name] = retriever(chunks)
+        score(name, built[name])
+    for name, (_, make) in (variants(built) if variants else {}).items():
+        score(name, make())
     return out
 
 
@@ -245,7 +258,12 @@ def chunk_stats(chunks: Sequence[EvalChunk]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default=DEFAULT_CORPORA)
-    ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all); chunkyard-N, "
+                    "chunkyard-wpN (wordpiece budget), chunkyard-N-original (no breadcrumb), or a peer")
+    ap.add_argument("--variants", default="chunkyard-512+expand512,chunkyard-256+expand512,chunkyard-512+multi200",
+                    help="search-side variants: <set>+expand<B> (hit + same-section neighbours, B tokens), "
+                    "<set>+multi<W> (several vectors per chunk, windows of W wordpieces)")
+    ap.add_argument("--ours", default="chunkyard-512", help="the set the paired view compares with every other")
     ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
     ap.add_argument("--max-bytes", type=int, default=1_600_000,
@@ -253,6 +271,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from retrieval_peers import chunk_sets
+    from retrieval_variants import variant_searches
 
     embed = None if args.no_dense else default_embedder()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -266,10 +285,20 @@ def main() -> None:
         root = bench_corpus(root, gold_path, args.max_bytes, RESULTS / "corpora")
         gold = load_gold(gold_path, root)
         started = time.perf_counter()
-        sets, recovery = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)
-        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed), args.k)
+        sets, recovery, dirs = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)
+        names = [v for v in args.variants.split(",") if v]
+        count = TokenCounter("cl100k_base").count
+        made: dict[str, tuple[str, Callable[[], Search]]] = {}
+
+        def variants(built: Mapping[str, Search], sets: Any = sets, dirs: Any = dirs, made: Any = made,
+                     names: Any = names, count: Any = count) -> Mapping[str, tuple[str, Callable[[], Search]]]:
+            made.update(variant_searches(names, built, sets, dirs, embed, count))
+            return made  # type: ignore[no-any-return]
+
+        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed), args.k, variants)
         stats = {name: chunk_stats(chunks) for name, chunks in sets.items()}
-        text = table(corpus, results, stats) + "\n" + paired_table(results, "chunkyard-256")
+        stats.update({name: stats[base] for name, (base, _) in made.items()})
+        text = table(corpus, results, stats) + "\n" + paired_table(results, args.ours)
         text += "\nOffsets recovered by search (given / exact / whitespace-blind / anchors / lost): " + ", ".join(
             f"{n} {r['given']}/{r['exact']}/{r['spacing']}/{r['anchors']}/{r['lost']}" for n, r in recovery.items()
         ) + "\n"

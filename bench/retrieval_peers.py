@@ -31,10 +31,11 @@ counted.
 from __future__ import annotations
 
 import bisect
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -253,34 +254,53 @@ PEERS: dict[str, Callable[[list[Doc], Recovery], list[EvalChunk]]] = {
 }
 
 
-def chunkyard(corpus: Path, scratch: Path, target: int, embed_original: bool = False) -> list[EvalChunk]:
-    """``chunkyard ingest`` at ``target`` tokens into ``scratch``, read back from the chunk files."""
-    out = scratch / f"{corpus.name}-{target}"
+CHUNKYARD = re.compile(r"chunkyard-(wp)?(\d+)(-original)?")
+#: chunkyard's own sets by default: the default policy (512 cl100k), 256, and 256 embedding originalText.
+DEFAULT_OURS = ("chunkyard-512", "chunkyard-256", "chunkyard-256-original")
+
+
+def chunkyard(corpus: Path, scratch: Path, name: str) -> tuple[list[EvalChunk], Path]:
+    """``chunkyard ingest`` per ``name`` into ``scratch``, read back from the chunk files, and the folder.
+
+    ``chunkyard-N``: ``--target-tokens N`` (cl100k); ``chunkyard-wpN``: ``--tokenizer wordpiece
+    --target-tokens N`` (the embedder's own units); a ``-original`` suffix embeds
+    ``originalText`` instead of ``embedText`` (no breadcrumb).
+    """
+    m = CHUNKYARD.fullmatch(name)
+    if m is None:
+        raise SystemExit(f"{name}: not a chunkyard set (hint: chunkyard-N, chunkyard-wpN, chunkyard-N-original)")
+    wordpiece, target = bool(m.group(1)), int(m.group(2))
+    out = scratch / f"{corpus.name}-{'wp' if wordpiece else ''}{target}"
+    extra = ["--tokenizer", "wordpiece"] if wordpiece else []
+    overlap = ["--overlap-tokens", str(min(64, target // 4))]
     subprocess.run(
         [sys.executable, "-m", "pipeline", "ingest", str(corpus), "--out", str(out), "--target-tokens", str(target),
-         "--quiet"],
+         *overlap, *extra, "--quiet"],
         check=True,
         cwd=REPO,
     )
-    return load_chunk_files(out, embed_original=embed_original)
+    chunks = load_chunk_files(out, embed_original=bool(m.group(3)))
+    if wordpiece:  # the metrics' budgets are in cl100k: count the text again, not in wordpieces
+        count = _count()
+        chunks = [replace(c, tokens=count(c.text)) for c in chunks]
+    return chunks, out
 
 
 def chunk_sets(
     corpus: Path, scratch: Path, names: Iterable[str] | None = None
-) -> tuple[dict[str, list[EvalChunk]], dict[str, dict[str, int]]]:
-    """Every chunker's chunks of ``corpus`` (peers whose package is missing are skipped, with a note)."""
+) -> tuple[dict[str, list[EvalChunk]], dict[str, dict[str, int]], dict[str, Path]]:
+    """Every chunker's chunks of ``corpus`` (peers whose package is missing are skipped, with a note),
+    the offsets' recovery per peer, and chunkyard's chunk folders."""
     sets: dict[str, list[EvalChunk]] = {}
     recovery: dict[str, dict[str, int]] = {}
-    wanted = set(names) if names else None
-    for target in (512, 256):
-        name = f"chunkyard-{target}"
-        if wanted is None or name in wanted:
-            sets[name] = chunkyard(corpus, scratch, target)
-    if wanted is None or "chunkyard-256-original" in wanted:
-        sets["chunkyard-256-original"] = chunkyard(corpus, scratch, 256, embed_original=True)
+    dirs: dict[str, Path] = {}
+    wanted = list(names) if names else [*DEFAULT_OURS, *PEERS]
+    for name in wanted:
+        if name.startswith("chunkyard-"):
+            sets[name], dirs[name] = chunkyard(corpus, scratch, name)
     docs = documents(corpus)
     for name, make in PEERS.items():
-        if wanted is not None and name not in wanted:
+        if name not in wanted:
             continue
         rec = Recovery()
         try:
@@ -289,4 +309,4 @@ def chunk_sets(
             print(f"  {name}: skipped ({exc.name} is not installed: pip install -e '.[bench]')", file=sys.stderr)
             continue
         recovery[name] = rec.as_dict()
-    return sets, recovery
+    return sets, recovery, dirs
