@@ -12,7 +12,7 @@ CHROMIUM ?= /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed]'  # the adapters' tests need both frameworks; embed: the ONNX embedder
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed,index]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index: the SQLite store
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools
