@@ -24,6 +24,16 @@ MODES = ("hybrid", "dense", "bm25")
 #: The columns of the table, in the order 004 and MTEB list them (nDCG@10 is the headline).
 COLUMNS = ("recall@1", "recall@5", "recall@10", "MRR@10", "nDCG@10", "recall@1000tok", "recall@2000tok")
 
+#: Short column labels (the pack's names in full under ``--json``).
+LABELS = {
+    "recall@1": "R@1",
+    "recall@5": "R@5",
+    "recall@10": "R@10",
+    "recall@1000tok": "R@1k tok",
+    "recall@2000tok": "R@2k tok",
+    "citation_match": "cite",
+}
+
 GoldArg = Annotated[
     Path,
     typer.Argument(
@@ -57,20 +67,20 @@ HtmlOpt = Annotated[
 
 
 def open_index_search(out: Path, store: Path | None) -> tuple[Any, dict[str, Any]]:
-    """The index's ``search(query, mode, k)`` and its identity (``index_hash``, model, analyzer).
-
-    The index is issue 16's (``chunkyard index``); without it, a usage error that says how
-    to build it.
-    """
+    """The index's ``search(query, mode, k)`` (``pipeline.index.query.Searcher``) and its identity
+    (``index_hash``, ``embed_model``, ``analyzer``, as the index records them)."""
     try:
-        from pipeline.index.search import open_search  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
+        from pipeline.index.query import Searcher
+    except ImportError as exc:  # the index extra (apsw, sqlite-vec, onnxruntime) is missing
         raise UsageError(
-            "this build has no index search (hint: install chunkyard with its index: "
-            "pip install 'chunkyard[embed]', then run `chunkyard index`)"
+            f"chunkyard eval needs the index ({exc.name} is not installed) "
+            "(hint: pip install 'chunkyard[index]', then run `chunkyard index`)"
         ) from None
-    search, identity = open_search(out, store)
-    return search, dict(identity)
+    searcher = Searcher(out, store)
+    identity = {
+        key: searcher.meta[key] for key in ("index_hash", "embed_model", "analyzer") if searcher.meta.get(key)
+    }
+    return searcher, identity
 
 
 def _modes(modes: Sequence[str] | None) -> tuple[str, ...]:
@@ -156,7 +166,7 @@ def render_pack(pack: Mapping[str, Any], console: Console) -> None:
     table = Table(title=f"{pack['dataset']}: {pack['questions']} questions", title_justify="left")
     table.add_column("mode")
     for name in (*COLUMNS, "citation_match"):
-        table.add_column(name.replace("recall", "R"), justify="right")
+        table.add_column(LABELS.get(name, name), justify="right")
     for mode, entry in pack["modes"].items():
         metrics = entry["metrics"]
         cells = [f"{100 * metrics[c]:.1f}" if c in metrics else "-" for c in (*COLUMNS, "citation_match")]
