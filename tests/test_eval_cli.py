@@ -184,3 +184,21 @@ def load_gold_text(path: Path) -> str:
     from pipeline.stages.normalize import normalize
 
     return normalize(path.read_bytes(), path.name).text
+
+
+def test_expand_cites_passages_that_slice_the_source(pack: tuple[dict[str, Any], Path], indexed: tuple[Path, Path],
+                                                     tmp_path: Path) -> None:
+    """--expand: each hit grown into its section's neighbours, one span; the answers found stay found."""
+    _, out = indexed
+    plain, _ = pack
+    result = cli("eval", GOLD, "--out", out, "--json", "--expand", "512", "--trec", tmp_path)
+    assert result.exit_code == 0, result.output
+    grown = json.loads(result.stdout)
+    jsonschema.validate(grown, metrics_schema())
+    assert grown["index"]["expand_tokens"] == 512
+    for mode in ("hybrid", "dense", "bm25"):
+        metrics = grown["modes"][mode]["metrics"]
+        assert metrics["citation_match"] == 1.0  # every passage's offsets give back its text
+        assert metrics["recall@10"] >= plain["modes"][mode]["metrics"]["recall@10"]
+    # fewer, larger items: the same question's run lists no chunk twice and ranks passages
+    assert grown["modes"]["hybrid"]["strict"]["recall@10"] >= plain["modes"]["hybrid"]["strict"]["recall@10"]

@@ -53,6 +53,15 @@ ModeOpt = Annotated[
     list[str] | None,
     typer.Option("--mode", help="hybrid, dense or bm25 (repeatable).", show_default="all three"),
 ]
+ExpandOpt = Annotated[
+    int,
+    typer.Option(
+        "--expand",
+        min=0,
+        metavar="TOKENS",
+        help="Grow each hit into its same-section neighbours up to TOKENS, cited as one span (0 = off).",
+    ),
+]
 PerQueryOpt = Annotated[bool, typer.Option("--per-query", help="One row per question and mode.")]
 BeirOpt = Annotated[
     Path | None,
@@ -100,6 +109,7 @@ def eval_cmd(
     store: StoreOpt = None,
     k: KOpt = 50,
     mode: ModeOpt = None,
+    expand: ExpandOpt = 0,
     per_query: PerQueryOpt = False,
     beir: BeirOpt = None,
     trec: TrecOpt = None,
@@ -115,14 +125,17 @@ def eval_cmd(
     citation match, per mode. Exit 0, or 2 when the gold set or the index cannot be used.
     """
     from pipeline.audit.store import open_store
-    from pipeline.evaluate.run import run_eval
+    from pipeline.evaluate.run import prompt_search, run_eval
 
     modes = _modes(mode)
     try:
         chunk_store = open_store(out, corpus, need_corpus=True)
         search, identity = open_index_search(out, store)
+        asked = prompt_search(search, out, chunk_store.corpus, expand)
+        if expand:
+            identity["expand_tokens"] = expand
         result = run_eval(
-            gold, chunk_store.corpus, search, modes=modes, k=k, index=identity, per_query=per_query
+            gold, chunk_store.corpus, asked, modes=modes, k=k, index=identity, per_query=per_query
         )
     except PipelineError as exc:
         raise usage_error(exc, json_out) from None
