@@ -31,8 +31,11 @@ class CachedEmbed:
 
         self.np = np
         self.model = model
-        self.name: str = model.name
+        self.name: str = model.name  # the Embedder interface (issue 16), so the real index can use it
         self.dim: int = model.dim
+        self.normalized: bool = model.normalized
+        self.max_tokens: int = model.max_tokens
+        self.count_tokens = model.count_tokens
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path)
         self.db.execute("CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)")
@@ -44,6 +47,10 @@ class CachedEmbed:
     def key(self, text: str) -> bytes:
         """The row key of ``text`` under this model."""
         return hashlib.sha256(self.name.encode() + b"\0" + text.encode()).digest()
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        """The ``Embedder`` method: the same as calling the cache."""
+        return self(texts)
 
     def __call__(self, texts: Sequence[str]) -> Any:
         np = self.np

@@ -5,6 +5,9 @@ embeds only what it adds:
 
 - ``<set>+expand<B>``: the search's items expanded by ``pipeline.index.expand`` (the hit
   plus its neighbours in the same section, one citation span, at most ``B`` tokens).
+- ``search`` / ``search+expand<B>``: not the bench's stand-in retriever but chunkyard's own
+  index and search (``chunkyard index``: SQLite FTS5 + sqlite-vec; ``Searcher``) over the
+  ``chunkyard-512`` folder (the default policy), with the bench's cached embedder.
 - ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
   most ``W`` of the embedder's wordpieces (whole paragraphs when they fit), each embedded
   with the chunk's breadcrumb line; a chunk's dense score is the best of its windows
@@ -115,6 +118,27 @@ def multi_vector(base: Any, chunks: Sequence[EvalChunk], embed: Any, size: int) 
     return clone
 
 
+class IndexSearch:
+    """chunkyard's own index over a chunk folder, asked as a ``Search`` (optionally expanded)."""
+
+    modes: tuple[str, ...] = ("bm25", "dense", "hybrid")
+
+    def __init__(self, chunk_dir: Path, embed: Any, expand_tokens: int = 0) -> None:
+        from pipeline.evaluate.run import prompt_search
+        from pipeline.index.query import Searcher
+        from pipeline.index.sync import index
+
+        report = index(chunk_dir, embedder=embed)
+        print(f"    index: {report}"[:300], file=sys.stderr)
+        manifest = orjson.loads((chunk_dir / ".chunkyard" / "manifest.json").read_bytes())
+        corpus = Path(manifest["corpus"])
+        self.searcher = Searcher(chunk_dir, embedder=embed)
+        self.search = prompt_search(self.searcher, chunk_dir, corpus, expand_tokens) if expand_tokens else self.searcher
+
+    def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
+        return list(self.search(query, mode, k))
+
+
 def variant_searches(
     names: Sequence[str], built: Mapping[str, Any], sets: Mapping[str, Sequence[EvalChunk]],
     chunk_dirs: Mapping[str, Path], embed: Any, count: Callable[[str], int],
@@ -123,6 +147,14 @@ def variant_searches(
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     for name in names:
         base, _, rest = name.partition("+")
+        if base == "search":
+            grow = re.fullmatch(r"expand(\d+)", rest)
+            if "chunkyard-512" not in chunk_dirs or embed is None or (rest and grow is None):
+                print(f"  {name}: skipped (needs the chunkyard-512 set and an embedder)", file=sys.stderr)
+                continue
+            tokens = int(grow.group(1)) if grow else 0
+            out[name] = ("chunkyard-512", lambda t=tokens: IndexSearch(chunk_dirs["chunkyard-512"], embed, t))
+            continue
         if base not in built:
             print(f"  {name}: skipped (no chunk set {base})", file=sys.stderr)
             continue
