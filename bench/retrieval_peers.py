@@ -254,7 +254,7 @@ PEERS: dict[str, Callable[[list[Doc], Recovery], list[EvalChunk]]] = {
 }
 
 
-CHUNKYARD = re.compile(r"chunkyard-(wp)?(\d+)(-original)?")
+CHUNKYARD = re.compile(r"chunkyard-(wp)?(\d+)(-original|-lead|-desc)?")
 #: chunkyard's own sets by default: the default policy (512 cl100k), 256, and 256 embedding originalText.
 DEFAULT_OURS = ("chunkyard-512", "chunkyard-256", "chunkyard-256-original")
 
@@ -264,7 +264,9 @@ def chunkyard(corpus: Path, scratch: Path, name: str) -> tuple[list[EvalChunk], 
 
     ``chunkyard-N``: ``--target-tokens N`` (cl100k); ``chunkyard-wpN``: ``--tokenizer wordpiece
     --target-tokens N`` (the embedder's own units); a ``-original`` suffix embeds
-    ``originalText`` instead of ``embedText`` (no breadcrumb).
+    ``originalText`` instead of ``embedText`` (no breadcrumb); ``-lead`` adds the section's
+    first sentence after the breadcrumb of a chunk that does not start its section;
+    ``-desc`` adds the document's front-matter ``description`` (when it has one).
     """
     m = CHUNKYARD.fullmatch(name)
     if m is None:
@@ -279,11 +281,53 @@ def chunkyard(corpus: Path, scratch: Path, name: str) -> tuple[list[EvalChunk], 
         check=True,
         cwd=REPO,
     )
-    chunks = load_chunk_files(out, embed_original=bool(m.group(3)))
+    chunks = load_chunk_files(out, embed_original=m.group(3) == "-original")
+    if m.group(3) in ("-lead", "-desc"):
+        chunks = with_context(out, chunks, corpus, m.group(3))
     if wordpiece:  # the metrics' budgets are in cl100k: count the text again, not in wordpieces
         count = _count()
         chunks = [replace(c, tokens=count(c.text)) for c in chunks]
     return chunks, out
+
+
+_SENTENCE = re.compile(r"(.+?[.!?])(\s|$)", re.DOTALL)
+_DESCRIPTION = re.compile(r"^description:\s*(.+)$", re.MULTILINE)
+
+
+def with_context(out: Path, chunks: list[EvalChunk], corpus: Path, how: str) -> list[EvalChunk]:
+    """``chunks`` whose embedded text carries one more line of context after the breadcrumb."""
+    import orjson
+
+    from pipeline.evaluate.chunks import iter_chunk_files
+
+    records = {r["chunk_id"]: r for r in (orjson.loads(p.read_bytes()) for p in iter_chunk_files(out))}
+    extra: dict[str, str] = {}
+    if how == "-lead":
+        lead: dict[tuple[str, str], str] = {}
+        for r in sorted(records.values(), key=lambda r: (r["metadata"]["sourceFile"], r["charOffsets"]["charStart"])):
+            key = (r["metadata"]["sourceFile"], r["section_id"])
+            if key in lead:
+                extra[r["chunk_id"]] = lead[key]
+                continue
+            body = "\n".join(line for line in r["originalText"].splitlines() if not line.startswith("#")).strip()
+            found = _SENTENCE.match(" ".join(body.split()))
+            lead[key] = found.group(1)[:300] if found else ""
+    else:
+        for source in {c.source for c in chunks}:
+            head = (corpus / source).read_text(encoding="utf-8", errors="replace")[:3000]
+            found = _DESCRIPTION.search(head.split("\n---", 1)[0]) if head.startswith("---") else None
+            if found:
+                for c in chunks:
+                    if c.source == source:
+                        extra[c.chunk_id] = found.group(1).strip().strip("'\"")
+    out_chunks = []
+    for c in chunks:
+        line = extra.get(c.chunk_id)
+        if line:
+            head, sep, body = c.embed.partition("\n\n")
+            c = replace(c, embed=f"{head}\n{line}{sep}{body}" if sep else f"{line}\n\n{c.embed}")
+        out_chunks.append(c)
+    return out_chunks
 
 
 def chunk_sets(
