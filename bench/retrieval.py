@@ -263,6 +263,7 @@ def main() -> None:
     ap.add_argument("--variants", default="chunkyard-512+expand512,chunkyard-256+expand512,chunkyard-512+multi200",
                     help="search-side variants: <set>+expand<B> (hit + same-section neighbours, B tokens), "
                     "<set>+multi<W> (several vectors per chunk, windows of W wordpieces)")
+    ap.add_argument("--tag", default="", help="suffix of the result files (retrieval-<corpus><tag>.json)")
     ap.add_argument("--ours", default="chunkyard-512", help="the set the paired view compares with every other")
     ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
@@ -304,7 +305,7 @@ def main() -> None:
         ) + "\n"
         print(text)
         report.append(text)
-        (RESULTS / f"retrieval-{corpus}.json").write_text(json.dumps({
+        (RESULTS / f"retrieval-{corpus}{args.tag}.json").write_text(json.dumps({
             "corpus": corpus, "questions": len(gold), "seconds": round(time.perf_counter() - started, 1),
             "retriever": "MemoryRetriever (BM25 k1=1.2 b=0.75" + (", dense, RRF k=60)" if embed else ")"),
             "chunks": stats, "offset_recovery": recovery,
@@ -313,7 +314,7 @@ def main() -> None:
             "per_query": {n: {m: [{"id": s.id, "first_hit": s.first_hit, "fits": dict(s.fits)} for s in r.per_query]
                               for m, r in res.items()} for n, res in results.items()},
         }, indent=1) + "\n")
-    (RESULTS / "retrieval.md").write_text("\n".join(report))
+    (RESULTS / f"retrieval{args.tag}.md").write_text("\n".join(report))
 
 
 if __name__ == "__main__":

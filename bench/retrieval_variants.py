@@ -8,6 +8,8 @@ embeds only what it adds:
 - ``search`` / ``search+expand<B>``: not the bench's stand-in retriever but chunkyard's own
   index and search (``chunkyard index``: SQLite FTS5 + sqlite-vec; ``Searcher``) over the
   ``chunkyard-512`` folder (the default policy), with the bench's cached embedder.
+- ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
+  (adjacent hits merge into one passage; no budget spent on unranked text).
 - ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
   most ``W`` of the embedder's wordpieces (whole paragraphs when they fit), each embedded
   with the chunk's breadcrumb line; a chunk's dense score is the best of its windows
@@ -42,14 +44,15 @@ def spans_of(chunk_dir: Path, count: Callable[[str], int]) -> dict[str, ChunkSpa
 class Expanded:
     """A search whose items are expanded into same-section passages of at most ``budget`` tokens."""
 
-    def __init__(self, search: Any, spans: Mapping[str, ChunkSpan], budget: int) -> None:
+    def __init__(self, search: Any, spans: Mapping[str, ChunkSpan], budget: int, ranked_only: bool = False) -> None:
         self.search = search
+        self.ranked_only = ranked_only
         self.spans = spans
         self.budget = budget
         self.modes: tuple[str, ...] = search.modes
 
     def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
-        return expand(self.search(query, mode, k), self.spans.get, self.budget)
+        return expand(self.search(query, mode, k), self.spans.get, self.budget, ranked_only=self.ranked_only)
 
 
 _PARAGRAPH = re.compile(r"\n\s*\n")
@@ -158,13 +161,13 @@ def variant_searches(
         if base not in built:
             print(f"  {name}: skipped (no chunk set {base})", file=sys.stderr)
             continue
-        kind = re.fullmatch(r"(expand|multi)(\d+)", rest)
+        kind = re.fullmatch(r"(expand|merge|multi)(\d+)", rest)
         if kind is None:
             raise SystemExit(f"{name}: unknown variant (hint: <set>+expand<B> or <set>+multi<W>)")
         size = int(kind.group(2))
-        if kind.group(1) == "expand" and base in chunk_dirs:
-            directory = chunk_dirs[base]
-            out[name] = (base, lambda b=base, d=directory, s=size: Expanded(built[b], spans_of(d, count), s))
+        if kind.group(1) in ("expand", "merge") and base in chunk_dirs:
+            directory, merge = chunk_dirs[base], kind.group(1) == "merge"
+            out[name] = (base, lambda b=base, d=directory, s=size, m=merge: Expanded(built[b], spans_of(d, count), s, m))
         elif kind.group(1) == "multi" and embed is not None:
             out[name] = (base, lambda b=base, s=size: multi_vector(built[b], sets[b], embed, s))
         else:

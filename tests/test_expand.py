@@ -90,3 +90,17 @@ def test_later_hits_inside_an_earlier_passage_are_dropped_and_unknown_items_pass
     first, second = expand([item(run[0]), item(run[1])], spans.get, budget=run[0].tokens)
     assert first["chunk_ids"] == [run[0].chunk_id]
     assert second["chunk_ids"][0] == run[1].chunk_id and run[0].chunk_id not in second["chunk_ids"]
+
+
+def test_ranked_only_merges_adjacent_hits_and_skips_unranked_neighbours(spans):
+    run = section_runs(spans)[0]
+    budget = sum(s.tokens for s in run)
+    # the middle chunk and the last are ranked (1st and 3rd), the first is not: one passage of two
+    other = next(s for s in spans.values() if s.source != run[0].source)
+    got = expand([item(run[1]), item(other), item(run[2])], spans.get, budget=budget, ranked_only=True)
+    assert got[0]["chunk_ids"] == [run[1].chunk_id, run[2].chunk_id]
+    assert run[0].chunk_id not in got[0]["chunk_ids"]  # unranked: not taken, though the budget allows
+    assert [g["chunk_id"] for g in got] == [run[1].chunk_id, other.chunk_id]  # the 3rd merged into the 1st
+    # without ranked_only the unranked first chunk joins too
+    [whole, _] = expand([item(run[1]), item(other)], spans.get, budget=budget)
+    assert run[0].chunk_id in whole["chunk_ids"]

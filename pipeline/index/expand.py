@@ -17,7 +17,7 @@ text twice). An item keeps the hit's fields (id, scores) with the passage's ``of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +43,11 @@ class ChunkSpan:
 Lookup = Callable[[str], ChunkSpan | None]
 
 
-def _passage(hit: ChunkSpan, lookup: Lookup, budget: int, taken: set[str]) -> list[ChunkSpan]:
+def _passage(
+    hit: ChunkSpan, lookup: Lookup, budget: int, taken: set[str], within: Collection[str] | None
+) -> list[ChunkSpan]:
     """The hit and its same-section neighbours, after first then before, within ``budget`` tokens
-    (a chunk already in an earlier passage is a wall)."""
+    (a chunk already in an earlier passage is a wall, and so is one outside ``within``)."""
     members = [hit]
     used = hit.tokens
     ends = {"next": hit, "prev": hit}
@@ -57,6 +59,7 @@ def _passage(hit: ChunkSpan, lookup: Lookup, budget: int, taken: set[str]) -> li
             if (
                 chunk is None
                 or chunk.chunk_id in taken
+                or (within is not None and chunk.chunk_id not in within)
                 or not _same_section(chunk, hit)
                 or used + chunk.tokens > budget
             ):
@@ -79,6 +82,7 @@ def expand(
     *,
     id_of: Callable[[Mapping[str, Any]], str] = lambda item: str(item["chunk_id"]),
     text_of: Callable[[str, int, int], str] | None = None,
+    ranked_only: bool = False,
 ) -> list[dict[str, Any]]:
     """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
 
@@ -87,7 +91,11 @@ def expand(
     chunk lies in an earlier passage is dropped. ``tokens`` is the sum of the members'.
     The hit's own text no longer matches the passage: ``text_of(source, start, end)`` gives
     the passage's (set as ``text``); without it, ``text`` and ``originalText`` are dropped.
+    With ``ranked_only``, a passage grows only into neighbours that are among ``items``
+    themselves (adjacent hits merge into one passage at the better rank; an unranked
+    neighbour spends no budget).
     """
+    within = {id_of(item) for item in items} if ranked_only else None
     covered: set[str] = set()
     out: list[dict[str, Any]] = []
     for item in items:
@@ -99,7 +107,7 @@ def expand(
             covered.add(chunk_id)
             out.append(dict(item))
             continue
-        members = _passage(hit, lookup, budget, covered)
+        members = _passage(hit, lookup, budget, covered, within)
         covered.update(m.chunk_id for m in members)
         start = min(m.start for m in members)
         end = max(m.end for m in members)
