@@ -5,9 +5,10 @@ embeds only what it adds:
 
 - ``<set>+expand<B>``: the search's items expanded by ``pipeline.index.expand`` (the hit
   plus its neighbours in the same section, one citation span, at most ``B`` tokens).
-- ``search`` / ``search+expand<B>``: not the bench's stand-in retriever but chunkyard's own
-  index and search (``chunkyard index``: SQLite FTS5 + sqlite-vec; ``Searcher``) over the
-  ``chunkyard-512`` folder (the default policy), with the bench's cached embedder.
+- ``search`` / ``search+expand<B>`` / ``search+merge<B>[@<set>]``: not the bench's stand-in
+  retriever but chunkyard's own index and search (``chunkyard index``: SQLite FTS5 +
+  sqlite-vec; ``Searcher``, expanded as ``chunkyard eval --expand`` does) over the
+  ``chunkyard-512`` folder (or ``<set>``'s), with the bench's cached embedder.
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
 - ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
@@ -126,7 +127,7 @@ class IndexSearch:
 
     modes: tuple[str, ...] = ("bm25", "dense", "hybrid")
 
-    def __init__(self, chunk_dir: Path, embed: Any, expand_tokens: int = 0) -> None:
+    def __init__(self, chunk_dir: Path, embed: Any, expand_tokens: int = 0, ranked_only: bool = True) -> None:
         from pipeline.evaluate.run import prompt_search
         from pipeline.index.query import Searcher
         from pipeline.index.sync import index
@@ -136,7 +137,9 @@ class IndexSearch:
         manifest = orjson.loads((chunk_dir / ".chunkyard" / "manifest.json").read_bytes())
         corpus = Path(manifest["corpus"])
         self.searcher = Searcher(chunk_dir, embedder=embed)
-        self.search = prompt_search(self.searcher, chunk_dir, corpus, expand_tokens) if expand_tokens else self.searcher
+        self.search = (
+            prompt_search(self.searcher, chunk_dir, corpus, expand_tokens, ranked_only) if expand_tokens else self.searcher
+        )
 
     def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
         return list(self.search(query, mode, k))
@@ -151,12 +154,13 @@ def variant_searches(
     for name in names:
         base, _, rest = name.partition("+")
         if base == "search":
-            grow = re.fullmatch(r"expand(\d+)", rest)
-            if "chunkyard-512" not in chunk_dirs or embed is None or (rest and grow is None):
-                print(f"  {name}: skipped (needs the chunkyard-512 set and an embedder)", file=sys.stderr)
+            grow = re.fullmatch(r"(expand|merge)(\d+)(?:@(chunkyard-\w+))?", rest)
+            source = (grow.group(3) if grow else None) or "chunkyard-512"
+            if source not in chunk_dirs or embed is None or (rest and grow is None):
+                print(f"  {name}: skipped (needs the {source} set and an embedder)", file=sys.stderr)
                 continue
-            tokens = int(grow.group(1)) if grow else 0
-            out[name] = ("chunkyard-512", lambda t=tokens: IndexSearch(chunk_dirs["chunkyard-512"], embed, t))
+            tokens, merge = (int(grow.group(2)), grow.group(1) == "merge") if grow else (0, True)
+            out[name] = (source, lambda d=chunk_dirs[source], t=tokens, m=merge: IndexSearch(d, embed, t, m))
             continue
         if base not in built:
             print(f"  {name}: skipped (no chunk set {base})", file=sys.stderr)

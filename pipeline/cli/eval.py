@@ -59,7 +59,7 @@ ExpandOpt = Annotated[
         "--expand",
         min=0,
         metavar="TOKENS",
-        help="Grow each hit into its same-section neighbours up to TOKENS, cited as one span (0 = off).",
+        help="Merge each hit with its ranked same-section neighbours up to TOKENS, cited as one span (0 = off).",
     ),
 ]
 PerQueryOpt = Annotated[bool, typer.Option("--per-query", help="One row per question and mode.")]
