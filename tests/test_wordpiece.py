@@ -8,6 +8,7 @@ units makes chunks that fit it, except the blocks the split rules never cut (SPE
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -148,3 +149,18 @@ def test_on_the_rust_book_only_atomic_blocks_overflow_the_window(corpora_dir: Pa
             assert {r["block_type"] for r in over} <= ATOMIC_TYPES
     assert share["cl100k_base"] > 0.6
     assert share["wordpiece"] < 0.02
+
+
+def test_ingest_without_tokenizers_exits_2_naming_the_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['tokenizers'] = None\n"
+        "from pipeline.cli.app import run\n"
+        f"sys.argv = ['chunkyard', 'ingest', {str(SAMPLE_CORPUS)!r}, '--out', {str(tmp_path / 'out')!r},"
+        " '--tokenizer', 'wordpiece']\n"
+        "run()\n"
+    )
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs the 'tokenizers' package: pip install 'chunkyard[embed]'" in proc.stderr
+    assert "Traceback" not in proc.stderr

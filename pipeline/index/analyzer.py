@@ -17,6 +17,9 @@ import re
 FTS5_TOKENIZE = "porter unicode61 remove_diacritics 2"
 #: The analyzer's name, kept in the index and compared at every run and query.
 ANALYZER = f"fts5:{FTS5_TOKENIZE}+cjk-chars"
+#: The LanceDB store's analyzer (its own FTS: simple tokenizer, English stemming, lower case,
+#: ASCII folding, stop words kept), on the same CJK-split text.
+LANCE_ANALYZER = "lance-fts:simple+english-stem+lower+ascii-fold+cjk-chars"
 #: A query longer than this many distinct pieces keeps only its first ones (a 10 KB query
 #: would otherwise be an OR of thousands of phrases).
 MAX_TERMS = 64

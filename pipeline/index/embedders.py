@@ -13,6 +13,9 @@ and shared by every embedder with the same thread cap.
 Specs understood by :func:`make_embedder`:
 
 * ``None``, ``"default"``, ``"onnx"`` or ``"onnx:all-MiniLM-L6-v2-int8"``: the ONNX model.
+* ``"st:NAME"``: a sentence-transformers model by name or path (``pipeline.index.embed_st``).
+* ``"openai:MODEL@http://HOST:PORT/v1"``: an OpenAI-compatible ``/v1/embeddings`` server
+  (``pipeline.index.embed_openai``; ``pipeline.index.serve_embeddings`` serves the ONNX model).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pipeline.errors import UsageError
+from pipeline.errors import PipelineError, UsageError
 from pipeline.stages.wordpiece import INSTALL_HINT, MODEL_WINDOW, count_wordpieces, new_model_tokenizer
 
 if TYPE_CHECKING:
@@ -42,6 +45,13 @@ DEFAULT_BATCH = 32
 THREADS_ENV = "CHUNKYARD_EMBED_THREADS"
 
 
+class EmbedderError(PipelineError):
+    """An embedder failed at run time (server down, bad answer, wrong dimension).
+
+    The index keeps its previous state; the message names the model or URL and the fix.
+    """
+
+
 @runtime_checkable
 class Embedder(Protocol):
     """What the index needs from an embedding model."""
@@ -52,7 +62,8 @@ class Embedder(Protocol):
     dim: int
     #: True when vectors come out L2-normalised (cosine = dot product).
     normalized: bool
-    #: the model's window in its own units; longer texts are cut there.
+    #: the model's window in its own units, special tokens included: the ONNX and st: MiniLM
+    #: add [CLS] and [SEP], so a text is cut when ``count_tokens(text) > max_tokens - 2``.
     max_tokens: int
 
     def embed(self, texts: Sequence[str]) -> numpy.ndarray:
@@ -180,4 +191,14 @@ def make_embedder(spec: str | None = None, *, threads: int | None = None) -> Emb
     """
     if spec is None or spec in ("default", "onnx", ONNX_NAME):
         return OnnxEmbedder(threads=threads)
-    raise UsageError(f"unknown embedder {spec!r}; use 'default' (= {ONNX_NAME!r})")
+    if spec.startswith("st:"):
+        from pipeline.index.embed_st import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(spec.removeprefix("st:"), threads=threads)
+    if spec.startswith("openai:"):
+        from pipeline.index.embed_openai import parse_openai_spec
+
+        return parse_openai_spec(spec)
+    raise UsageError(
+        f"unknown embedder {spec!r}; use 'default' (= {ONNX_NAME!r}), 'st:MODEL' or 'openai:MODEL@URL'"
+    )

@@ -15,7 +15,6 @@ from typing import Any
 import blake3
 import orjson
 
-from pipeline.index.analyzer import ANALYZER
 from pipeline.index.store import IndexMismatchError
 
 FORMAT = "1"  #: the store layout's version, in meta ``format``
@@ -77,9 +76,9 @@ def check_compatible(stored: Mapping[str, str], wanted: Mapping[str, str], *, wh
                 f"{where}: the index was built with {key} {stored.get(key)!r}, this run uses "
                 f"{wanted[key]!r}: vectors of two models never mix (hint: rebuild it: `{hint}`)",
             )
-    if stored.get("analyzer", ANALYZER) != wanted.get("analyzer", ANALYZER):
+    if "analyzer" in wanted and stored.get("analyzer") != wanted["analyzer"]:
         raise IndexMismatchError(
             "analyzer_mismatch",
             f"{where}: the index's BM25 analyzer is {stored.get('analyzer')!r}, this chunkyard reads with "
-            f"{wanted.get('analyzer', ANALYZER)!r} (hint: rebuild it: `{hint}`)",
+            f"{wanted['analyzer']!r} (hint: rebuild it: `{hint}`)",
         )

@@ -22,7 +22,7 @@ from typing import Any, Self
 import blake3
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import ANALYZER, query_terms
+from pipeline.index.analyzer import query_terms
 from pipeline.index.identity import check_compatible, rebuild_hint
 from pipeline.index.store import ChunkRow, VectorStore, open_store, store_spec
 
@@ -52,7 +52,7 @@ class Searcher:
         self._embedder = embedder
         self._store_arg = store
         hint = rebuild_hint(str(out), str(store) if store else None, None)
-        wanted: dict[str, str] = {"analyzer": ANALYZER}
+        wanted: dict[str, str] = {"analyzer": self.db.analyzer}
         if embedder is not None and not isinstance(embedder, str):
             from pipeline.index.identity import embedder_config
 
@@ -128,7 +128,7 @@ class Searcher:
             "k": k,
             "index_hash": self.meta.get("index_hash", ""),
             "embed_model": self.meta.get("embed_model", ""),
-            "analyzer": self.meta.get("analyzer", ANALYZER),
+            "analyzer": self.meta.get("analyzer", self.db.analyzer),
             "store": self.db.kind,
             "warnings": warnings,
             "items": items,

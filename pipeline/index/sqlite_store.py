@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import FTS5_TOKENIZE, analyze, fts5_query
+from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, analyze, fts5_query
 from pipeline.index.store import ChunkRow, RowState, StoreError, Vector
 
 #: Cache entries no live chunk uses are kept this many runs (an edit undone, a file moved
@@ -59,6 +59,7 @@ class SqliteStore:
     """``VectorStore`` over one SQLite file (see the module docstring for the layout)."""
 
     kind = "sqlite-vec"
+    analyzer = ANALYZER
 
     def __init__(self, path: Path, dim: int | None = None) -> None:
         import apsw

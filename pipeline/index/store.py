@@ -10,7 +10,10 @@ index or the new one, never half of each.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import fcntl
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -155,6 +158,7 @@ class VectorStore(Protocol):
     """A vector store as the index drives it; ids are ``chunk_id``s."""
 
     kind: str  #: ``sqlite-vec`` or ``lancedb``: the prefix of ``index_hash``
+    analyzer: str  #: the BM25 side's analyzer (``pipeline.index.analyzer``)
     path: Path
 
     def meta(self) -> dict[str, str]:
@@ -238,6 +242,13 @@ def open_store(
     return open_at(kind, path, dim=dim)
 
 
+def analyzer_of(kind: str) -> str:
+    """The BM25 analyzer the store of ``kind`` reads and writes with."""
+    from pipeline.index.analyzer import ANALYZER, LANCE_ANALYZER
+
+    return LANCE_ANALYZER if kind == "lancedb" else ANALYZER
+
+
 def open_at(kind: str, path: Path, *, dim: int | None = None) -> VectorStore:
     """Open (creating when absent) the store of ``kind`` at ``path``."""
     if kind == "lancedb":
@@ -248,3 +259,33 @@ def open_at(kind: str, path: Path, *, dim: int | None = None) -> VectorStore:
     from pipeline.index.sqlite_store import SqliteStore
 
     return SqliteStore(path, dim=dim)
+
+
+@contextmanager
+def store_lock(
+    path: Path, *, wait: bool = True, on_wait: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """One writer per store: ``flock`` on ``<store>.lock``; it dies with its holder."""
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(lock, "a+")  # noqa: SIM115 - held for the whole run
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another chunkyard index"
+            if not wait:
+                raise UsageError(
+                    f"{path} is being indexed by {holder}; wait for it, or drop --no-wait"
+                ) from None
+            if on_wait is not None:
+                on_wait(holder)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        yield
+    finally:
+        fh.close()

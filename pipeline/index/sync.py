@@ -22,11 +22,9 @@ One writer per store (a lock file beside it); a second run waits, or fails at on
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,6 @@ from typing import Any
 import orjson
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import ANALYZER
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
@@ -43,12 +40,33 @@ from pipeline.index.identity import (
     rebuild_hint,
     set_digest,
 )
-from pipeline.index.store import ChunkRow, RowState, Vector, VectorStore, open_at, store_spec
+from pipeline.index.store import (
+    ChunkRow,
+    RowState,
+    Vector,
+    VectorStore,
+    analyzer_of,
+    open_at,
+    store_lock,
+    store_spec,
+)
 from pipeline.run.changes import CursorLostError, read_changes
 from pipeline.run.state import STATE_DIR
 
-#: Texts per call to the embedder; the cache is committed after each call.
+#: Texts per call to the embedder; the cache is committed after each call (a killed run
+#: loses at most one batch of embedding work). ``CHUNKYARD_INDEX_BATCH`` overrides it.
 EMBED_BATCH = 128
+BATCH_ENV = "CHUNKYARD_INDEX_BATCH"
+
+
+def _batch_size() -> int:
+    raw = os.environ.get(BATCH_ENV, "")
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    if raw:
+        raise UsageError(f"{BATCH_ENV}={raw!r}: expected a whole number of texts >= 1")
+    return EMBED_BATCH
+
 
 #: ``on_progress(stage, done, total)``: stage ``plan``, ``embed`` or ``commit``.
 Progress = Callable[[str, int, int], None]
@@ -145,11 +163,12 @@ def _run(
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
     embedder, spec = _embedder(embedder, stored)
-    wanted = {**embedder_config(embedder), "analyzer": ANALYZER}
+    wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
     hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
     check_compatible(stored, wanted, where=str(path), hint=hint)
     where = str(out.resolve())
-    if stored.get("out") and stored["out"] != where:
+    inside = path.resolve().is_relative_to(out.resolve())  # a copied chunk folder takes its index along
+    if stored.get("out") and stored["out"] != where and not inside:
         raise UsageError(
             f"{path}: this index follows {stored['out']}, not {where} "
             "(hint: give each chunk folder its own --store)"
@@ -315,8 +334,9 @@ def _embed(
     ordered = sorted(missing.items(), key=lambda item: len(item[1]))
     if on_progress:
         on_progress("embed", 0, len(ordered))
-    for i in range(0, len(ordered), EMBED_BATCH):
-        batch = ordered[i : i + EMBED_BATCH]
+    size = _batch_size()
+    for i in range(0, len(ordered), size):
+        batch = ordered[i : i + size]
         computed = embedder.embed([text for _, text in batch])
         entries = {
             digest: (computed[j], int(embedder.count_tokens(text))) for j, (digest, text) in enumerate(batch)
@@ -389,33 +409,3 @@ def _remove(path: Path) -> None:
     for p in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
         if p.is_file():
             p.unlink()
-
-
-@contextmanager
-def store_lock(
-    path: Path, *, wait: bool = True, on_wait: Callable[[str], None] | None = None
-) -> Iterator[None]:
-    """One writer per store: ``flock`` on ``<store>.lock``; it dies with its holder."""
-    lock = path.with_name(path.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(lock, "a+")  # noqa: SIM115 - held for the whole run
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another chunkyard index"
-            if not wait:
-                raise UsageError(
-                    f"{path} is being indexed by {holder}; wait for it, or drop --no-wait"
-                ) from None
-            if on_wait is not None:
-                on_wait(holder)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
-        yield
-    finally:
-        fh.close()
