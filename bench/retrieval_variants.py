@@ -7,8 +7,8 @@ embeds only what it adds:
   plus its neighbours in the same section, one citation span, at most ``B`` tokens).
 - ``search`` / ``search+expand<B>`` / ``search+merge<B>[@<set>]``: not the bench's stand-in
   retriever but chunkyard's own index and search (``chunkyard index``: SQLite FTS5 +
-  sqlite-vec; ``Searcher``, expanded as ``chunkyard eval --expand`` does) over the
-  ``chunkyard-512`` folder (or ``<set>``'s), with the bench's cached embedder.
+  sqlite-vec; ``Searcher``, expanded as ``chunkyard eval --expand`` does) over the folder
+  of the default policy's set (``DEFAULT_SET``) or ``<set>``'s, with the bench's cached embedder.
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
 - ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
@@ -32,6 +32,10 @@ import orjson
 
 from pipeline.evaluate.chunks import EvalChunk, iter_chunk_files
 from pipeline.index.expand import ChunkSpan, chunk_spans, expand
+from pipeline.models import Policy
+
+#: The chunk set ``chunkyard ingest`` makes with its default policy.
+DEFAULT_SET = f"chunkyard-{Policy().target_tokens}"
 
 
 def spans_of(chunk_dir: Path, count: Callable[[str], int]) -> dict[str, ChunkSpan]:
@@ -155,7 +159,7 @@ def variant_searches(
         base, _, rest = name.partition("+")
         if base == "search":
             grow = re.fullmatch(r"(expand|merge)(\d+)(?:@(chunkyard-\w+))?", rest)
-            source = (grow.group(3) if grow else None) or "chunkyard-512"
+            source = (grow.group(3) if grow else None) or DEFAULT_SET
             if source not in chunk_dirs or embed is None or (rest and grow is None):
                 print(f"  {name}: skipped (needs the {source} set and an embedder)", file=sys.stderr)
                 continue

@@ -202,3 +202,24 @@ def test_expand_cites_passages_that_slice_the_source(pack: tuple[dict[str, Any],
         assert metrics["recall@10"] >= plain["modes"][mode]["metrics"]["recall@10"]
     # fewer, larger items: the same question's run lists no chunk twice and ranks passages
     assert grown["modes"]["hybrid"]["strict"]["recall@10"] >= plain["modes"]["hybrid"]["strict"]["recall@10"]
+
+
+def test_expand_record_merges_a_real_search_record(indexed: tuple[Path, Path]) -> None:
+    """``expand_record`` over ``chunkyard search``'s record: passages that slice the source, k_final 1..n."""
+    from pipeline.evaluate.gold import Sources
+    from pipeline.index.expand import expand_record
+    from pipeline.index.query import search
+
+    corpus, out = indexed
+    sources = Sources(corpus)
+    record = search(out, "how are long paragraphs split into chunks", k=20)
+    merged = expand_record(record, out, lambda s, a, b: sources.get(s).text[a:b], budget=768)
+    assert merged["expand_tokens"] == 768 and merged["index_hash"] == record["index_hash"]
+    items = merged["items"]
+    assert [i["k_final"] for i in items] == list(range(1, len(items) + 1))
+    ranked = [i["chunk_id"] for i in record["items"]]
+    assert len(items) < len(ranked), "some ranked neighbours merge on this corpus"
+    assert sum(len(i["chunk_ids"]) for i in items) == len(ranked)  # every ranked chunk cited once
+    for item in items:
+        assert item["text"] == sources.get(item["file"]).text[item["offsets"]["start"] : item["offsets"]["end"]]
+        assert set(item["chunk_ids"]) <= set(ranked)

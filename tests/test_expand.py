@@ -11,13 +11,13 @@ import pytest
 
 from pipeline.evaluate.chunks import iter_chunk_files
 from pipeline.evaluate.gold import Sources
-from pipeline.index.expand import ChunkSpan, chunk_spans, expand
+from pipeline.index.expand import ChunkFiles, ChunkSpan, chunk_spans, expand
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def spans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ChunkSpan]:
+def chunk_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """corpus/ chunked small (64 tokens), so sections hold several chunks."""
     out = tmp_path_factory.mktemp("chunks")
     subprocess.run(
@@ -25,7 +25,12 @@ def spans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ChunkSpan]:
          "--jobs", "1", "--target-tokens", "64", "--overlap-tokens", "0"],
         check=True,
     )
-    return chunk_spans(orjson.loads(p.read_bytes()) for p in iter_chunk_files(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def spans(chunk_dir: Path) -> dict[str, ChunkSpan]:
+    return chunk_spans(orjson.loads(p.read_bytes()) for p in iter_chunk_files(chunk_dir))
 
 
 def section_runs(spans: dict[str, ChunkSpan]) -> list[list[ChunkSpan]]:
@@ -104,3 +109,18 @@ def test_ranked_only_merges_adjacent_hits_and_skips_unranked_neighbours(spans):
     # without ranked_only the unranked first chunk joins too
     [whole, _] = expand([item(run[1]), item(other)], spans.get, budget=budget)
     assert run[0].chunk_id in whole["chunk_ids"]
+
+
+def test_chunk_files_reads_the_same_spans_lazily(chunk_dir, spans):
+    """From a hit's own file, neighbours are found by SPEC §2's file naming: the same spans as reading all."""
+    files = {orjson.loads(p.read_bytes())["chunk_id"]: p.relative_to(chunk_dir).as_posix()
+             for p in iter_chunk_files(chunk_dir)}
+    for run in section_runs(spans)[:5]:
+        lazy = ChunkFiles(chunk_dir)
+        lazy.remember(run[0].chunk_id, files[run[0].chunk_id])
+        walked = [lazy(run[0].chunk_id)]
+        while walked[-1] is not None and walked[-1].next_id and len(walked) < len(run):
+            walked.append(lazy(walked[-1].next_id))
+        assert walked == run  # every field, links as chunk ids
+        assert len(lazy.spans) <= len(run) + 1  # only the files it walked were turned into spans
+    assert ChunkFiles(chunk_dir)("never-remembered") is None

@@ -17,12 +17,17 @@ text twice). An item keeps the hit's fields (id, scores) with the passage's ``of
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-#: Default passage size in tokens: the embedder's window (256 wordpieces ≈ 220 cl100k) x 2.
-DEFAULT_BUDGET = 512
+import orjson
+
+#: Default passage size in tokens: measured best on the gold sets with 256-token chunks
+#: (docs/benchmarks.md): three chunks' worth, a hit and the ranked neighbours around it.
+DEFAULT_BUDGET = 768
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +147,83 @@ def chunk_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, ChunkSpan]:
             next_id=by_id.get(str(next_id)) if next_id else None,
         )
     return spans
+
+
+_CHUNK_NUMBER = re.compile(r"::ch(\d+)$")
+_FILE_NUMBER = re.compile(r"__ch\d+\.json$")
+
+
+class ChunkFiles:
+    """A lazy ``Lookup`` over a chunk folder: reads only the chunk files a passage touches.
+
+    A hit is found by the chunk file the search item names (``chunk_file``, relative to the
+    folder: ``remember``); a neighbour by SPEC §2's naming, ``doc_<stem>__ch<N>.json``
+    beside it, with ``N`` from the ``prevId``/``nextId`` it is linked by. So expanding ten
+    hits reads a few dozen small files, not the folder.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.paths: dict[str, Path] = {}
+        self.spans: dict[str, ChunkSpan | None] = {}
+
+    def remember(self, chunk_id: str, chunk_file: str) -> None:
+        """Where ``chunk_id``'s file is (a search item's ``chunk_file``)."""
+        self.paths.setdefault(chunk_id, self.out / chunk_file)
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            rec: dict[str, Any] = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return rec
+
+    def _neighbour(self, path: Path, link: Any) -> str | None:
+        found = _CHUNK_NUMBER.search(str(link or ""))
+        if found is None:
+            return None
+        other = path.with_name(_FILE_NUMBER.sub(f"__ch{found.group(1)}.json", path.name))
+        rec = self._read(other)
+        if rec is None or rec.get("id") != link:
+            return None
+        self.paths.setdefault(str(rec["chunk_id"]), other)
+        return str(rec["chunk_id"])
+
+    def __call__(self, chunk_id: str) -> ChunkSpan | None:
+        if chunk_id in self.spans:
+            return self.spans[chunk_id]
+        path = self.paths.get(chunk_id)
+        rec = self._read(path) if path is not None else None
+        span = None
+        if path is not None and rec is not None and rec.get("chunk_id") == chunk_id:
+            span = ChunkSpan(
+                chunk_id=chunk_id,
+                source=str(rec["metadata"]["sourceFile"]),
+                section_id=str(rec["section_id"]),
+                start=int(rec["charOffsets"]["charStart"]),
+                end=int(rec["charOffsets"]["charEnd"]),
+                tokens=int(rec["tokenStats"]["tokens"]),
+                prev_id=self._neighbour(path, rec.get("prevId")),
+                next_id=self._neighbour(path, rec.get("nextId")),
+            )
+        self.spans[chunk_id] = span
+        return span
+
+
+def expand_record(
+    record: Mapping[str, Any],
+    out: Path,
+    text_of: Callable[[str, int, int], str],
+    budget: int = DEFAULT_BUDGET,
+) -> dict[str, Any]:
+    """A search result record (004, items with ``chunk_file``) with its items merged into passages:
+    each hit with the neighbours of its section that the search ranked too, up to ``budget``
+    tokens (``expand(..., ranked_only=True)``); ``k_final`` renumbered; ``expand_tokens`` noted."""
+    files = ChunkFiles(out)
+    for item in record.get("items", ()):
+        if item.get("chunk_file"):
+            files.remember(str(item["chunk_id"]), str(item["chunk_file"]))
+    items = expand(record.get("items", ()), files, budget, text_of=text_of, ranked_only=True)
+    for final, item in enumerate(items, 1):
+        item["k_final"] = final
+    return {**record, "items": items, "expand_tokens": budget}
