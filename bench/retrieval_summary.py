@@ -57,9 +57,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", default="search+merge768")
     ap.add_argument("--mode", default="hybrid")
+    ap.add_argument("--compact", action="store_true", help="also one short table per corpus (docs/benchmarks.md)")
     args = ap.parse_args()
     for corpus, rows in load().items():
         print(summary(corpus, rows, args.ours, args.mode))
+        if args.compact:
+            print(compact(corpus, rows, [(args.ours, f"**chunkyard search, merged ({args.ours})**"),
+                                         ("search", "chunkyard search, not merged"),
+                                         ("chunkyard-512", "chunkyard, 512 tokens, not merged (stand-in; the old default)")]))
+
+
+def compact(corpus: str, rows: dict[str, dict[str, dict[str, float]]], names: list[tuple[str, str]]) -> str:
+    """One Markdown table: the given (row, label) pairs in hybrid mode, then each peer's best mode."""
+    cols = ("recall@5", "nDCG@10", "recall@2000tok")
+    lines = [f"**{corpus}**", "", "| run | mode | R@5 | nDCG@10 | R@2k tok |", "|---|---|---:|---:|---:|"]
+    for name, label in names:
+        if name in rows and "hybrid" in rows[name]:
+            m = rows[name]["hybrid"]
+            lines.append(f"| {label} | hybrid | " + " | ".join(f"{100 * m[c]:.1f}" for c in cols) + " |")
+    for name in PEERS:
+        if name in rows:
+            mode, m = max(rows[name].items(), key=lambda kv: kv[1]["nDCG@10"])
+            lines.append(f"| {name} | {mode} | " + " | ".join(f"{100 * m[c]:.1f}" for c in cols) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
