@@ -59,6 +59,7 @@ bench: $(STAMP) ## throughput against the splitters people use (pip install -e '
 bench-retrieval: $(STAMP) ## recall/nDCG of chunkyard's chunks vs LangChain, LlamaIndex, Chonkie, fixed windows on bench/gold
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/retrieval.py $(BENCH_ARGS)
+	$(BIN)/python bench/retrieval_summary.py
 
 bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and a 700 KB document
 	$(BIN)/python bench/watch_latency.py

@@ -43,6 +43,7 @@ from pipeline.errors import PipelineError
 from pipeline.evaluate.chunks import EvalChunk
 from pipeline.evaluate.gold import GoldQuestion, load_gold
 from pipeline.evaluate.metrics import ModeReport, evaluate_run
+from pipeline.stages.tokens import Counter as TokenCounter
 
 CORPORA = REPO.parent / "shared" / "corpora"
 GOLD = HERE / "gold"
@@ -125,29 +126,77 @@ class MemoryRetriever:
         return [{**self.chunks[i].as_item(), "score": s} for i, s in ranked[:k]]
 
 
-def default_embedder() -> Embed | None:
-    """Issue 16's default embedder (all-MiniLM-L6-v2 int8 ONNX) when the index extra is installed."""
+def default_embedder(cache: Path | None = None) -> Embed | None:
+    """Issue 16's default embedder (all-MiniLM-L6-v2 int8 ONNX) behind the on-disk cache
+    (``embed_cache``), when the ``embed`` extra is installed; else None (BM25 only)."""
     try:
-        from pipeline.index.embedders import make_embedder  # type: ignore[import-not-found]
+        from pipeline.index.embedders import make_embedder
 
         model = make_embedder(None)
-    except (ImportError, PipelineError) as exc:  # not merged yet, or the extra is missing: BM25 only
+        model.embed(["warm up"])  # a missing package shows here, not after the first chunker
+    except (ImportError, PipelineError) as exc:  # the extra is missing: BM25 only
         print(f"  dense/hybrid skipped: no embedder ({exc})", file=sys.stderr)
         return None
-    return lambda texts: model.embed(list(texts)).vectors
+    from embed_cache import CachedEmbed
+
+    return CachedEmbed(model, cache or RESULTS / "embed-cache.sqlite")
+
+
+def bench_corpus(corpus: Path, gold_path: Path, max_bytes: int, scratch: Path) -> Path:
+    """``corpus`` itself, or when its Markdown weighs more than ``max_bytes``, a copy of a part of it:
+    every document the gold set cites, then the others in a fixed pseudo-random order
+    (sha256 of the path) while they fit. Embedding 10 MB per chunker is hours on this CPU;
+    the distractors keep the search as hard as a corpus of that size."""
+    import hashlib
+    import shutil
+
+    from retrieval_peers import markdown_files
+
+    files = markdown_files(corpus)
+    sizes = {rel: (corpus / rel).stat().st_size for rel in files}
+    if sum(sizes.values()) <= max_bytes:
+        return corpus
+    cited = {json.loads(line)["source"] for line in gold_path.read_text().splitlines()
+             if line.strip() and not line.startswith("#")}
+    chosen, used = [], 0
+    for rel in sorted(files, key=lambda r: (r not in cited, hashlib.sha256(r.encode()).hexdigest())):
+        if rel in cited or used + sizes[rel] <= max_bytes:
+            chosen.append(rel)
+            used += sizes[rel]
+    root = scratch / f"{corpus.name}-{max_bytes // 1000}k"
+    if not root.is_dir() or sorted(markdown_files(root)) != sorted(chosen):
+        shutil.rmtree(root, ignore_errors=True)
+        for rel in chosen:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(corpus / rel, root / rel)
+    print(f"  {corpus.name}: {len(chosen)} of {len(files)} documents, {used / 1e6:.1f} of "
+          f"{sum(sizes.values()) / 1e6:.1f} MB (--max-bytes {max_bytes})", file=sys.stderr)
+    return root
 
 
 def evaluate_chunkers(
-    gold: Sequence[GoldQuestion], chunk_sets: Mapping[str, Sequence[EvalChunk]], retriever: Retriever, k: int = POOL
+    gold: Sequence[GoldQuestion],
+    chunk_sets: Mapping[str, Sequence[EvalChunk]],
+    retriever: Retriever,
+    k: int = POOL,
+    variants: Callable[[Mapping[str, Search]], Mapping[str, tuple[str, Callable[[], Search]]]] | None = None,
 ) -> dict[str, dict[str, ModeReport]]:
-    """Per chunker and mode: the gold set's scores on what ``retriever`` finds in that chunker's chunks."""
+    """Per chunker and mode: the gold set's scores on what ``retriever`` finds in that chunker's chunks;
+    then per variant (``variants(built searches)`` → name → (base set, make search)) the same."""
     out: dict[str, dict[str, ModeReport]] = {}
-    for name, chunks in chunk_sets.items():
-        search = retriever(chunks)
+    built: dict[str, Search] = {}
+
+    def score(name: str, search: Search) -> None:
         out[name] = {}
         for mode in search.modes:
             run = {q.id: search(q.question, mode, k) for q in gold}
             out[name][mode] = evaluate_run(gold, run, mode=mode)
+
+    for name, chunks in chunk_sets.items():
+        built[name] = retriever(chunks)
+        score(name, built[name])
+    for name, (_, make) in (variants(built) if variants else {}).items():
+        score(name, make())
     return out
 
 
@@ -209,12 +258,21 @@ def chunk_stats(chunks: Sequence[EvalChunk]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default=DEFAULT_CORPORA)
-    ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all); chunkyard-N, "
+                    "chunkyard-wpN (wordpiece budget), chunkyard-N-original (no breadcrumb), or a peer")
+    ap.add_argument("--variants", default="search,search+merge768,chunkyard-256+expand768,chunkyard-512+multi200",
+                    help="search-side variants: <set>+expand<B> (hit + same-section neighbours, B tokens), "
+                    "<set>+multi<W> (several vectors per chunk, windows of W wordpieces)")
+    ap.add_argument("--tag", default="", help="suffix of the result files (retrieval-<corpus><tag>.json)")
+    ap.add_argument("--ours", default="search+merge768", help="the row the paired view compares with every other")
     ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
+    ap.add_argument("--max-bytes", type=int, default=1_600_000,
+                    help="a larger corpus is cut to the gold set's documents plus others up to this size")
     args = ap.parse_args()
 
     from retrieval_peers import chunk_sets
+    from retrieval_variants import variant_searches
 
     embed = None if args.no_dense else default_embedder()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -225,18 +283,29 @@ def main() -> None:
         if not root.is_dir() or not gold_path.is_file():
             print(f"{corpus}: skipped (no corpus at {root} or no gold set at {gold_path})", file=sys.stderr)
             continue
+        root = bench_corpus(root, gold_path, args.max_bytes, RESULTS / "corpora")
         gold = load_gold(gold_path, root)
         started = time.perf_counter()
-        sets, recovery = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)
-        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed), args.k)
+        sets, recovery, dirs = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)
+        names = [v for v in args.variants.split(",") if v]
+        count = TokenCounter("cl100k_base").count
+        made: dict[str, tuple[str, Callable[[], Search]]] = {}
+
+        def variants(built: Mapping[str, Search], sets: Any = sets, dirs: Any = dirs, made: Any = made,
+                     names: Any = names, count: Any = count) -> Mapping[str, tuple[str, Callable[[], Search]]]:
+            made.update(variant_searches(names, built, sets, dirs, embed, count))
+            return made  # type: ignore[no-any-return]
+
+        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed), args.k, variants)
         stats = {name: chunk_stats(chunks) for name, chunks in sets.items()}
-        text = table(corpus, results, stats) + "\n" + paired_table(results, "chunkyard-256")
+        stats.update({name: stats[base] for name, (base, _) in made.items()})
+        text = table(corpus, results, stats) + "\n" + paired_table(results, args.ours)
         text += "\nOffsets recovered by search (given / exact / whitespace-blind / anchors / lost): " + ", ".join(
             f"{n} {r['given']}/{r['exact']}/{r['spacing']}/{r['anchors']}/{r['lost']}" for n, r in recovery.items()
         ) + "\n"
         print(text)
         report.append(text)
-        (RESULTS / f"retrieval-{corpus}.json").write_text(json.dumps({
+        (RESULTS / f"retrieval-{corpus}{args.tag}.json").write_text(json.dumps({
             "corpus": corpus, "questions": len(gold), "seconds": round(time.perf_counter() - started, 1),
             "retriever": "MemoryRetriever (BM25 k1=1.2 b=0.75" + (", dense, RRF k=60)" if embed else ")"),
             "chunks": stats, "offset_recovery": recovery,
@@ -245,7 +314,7 @@ def main() -> None:
             "per_query": {n: {m: [{"id": s.id, "first_hit": s.first_hit, "fits": dict(s.fits)} for s in r.per_query]
                               for m, r in res.items()} for n, res in results.items()},
         }, indent=1) + "\n")
-    (RESULTS / "retrieval.md").write_text("\n".join(report))
+    (RESULTS / f"retrieval{args.tag}.md").write_text("\n".join(report))
 
 
 if __name__ == "__main__":

@@ -31,10 +31,11 @@ counted.
 from __future__ import annotations
 
 import bisect
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -51,13 +52,14 @@ ANCHOR = 48
 Doc = tuple[str, str]  #: (corpus-relative path, canonical text)
 
 
+def markdown_files(corpus: Path) -> list[str]:
+    """Every Markdown document of a corpus, corpus-relative, in path order."""
+    return sorted(p.relative_to(corpus).as_posix() for p in [*corpus.rglob("*.md"), *corpus.rglob("*.markdown")])
+
+
 def documents(corpus: Path) -> list[Doc]:
     """Every Markdown document of a corpus, in path order, as canonical text."""
-    docs = []
-    for path in sorted([*corpus.rglob("*.md"), *corpus.rglob("*.markdown")]):
-        rel = path.relative_to(corpus).as_posix()
-        docs.append((rel, decode(path.read_bytes(), rel)))
-    return docs
+    return [(rel, decode((corpus / rel).read_bytes(), rel)) for rel in markdown_files(corpus)]
 
 
 @dataclass(slots=True)
@@ -252,34 +254,97 @@ PEERS: dict[str, Callable[[list[Doc], Recovery], list[EvalChunk]]] = {
 }
 
 
-def chunkyard(corpus: Path, scratch: Path, target: int, embed_original: bool = False) -> list[EvalChunk]:
-    """``chunkyard ingest`` at ``target`` tokens into ``scratch``, read back from the chunk files."""
-    out = scratch / f"{corpus.name}-{target}"
+CHUNKYARD = re.compile(r"chunkyard-(wp)?(\d+)(-original|-lead|-desc)?")
+#: chunkyard's own sets by default: the default policy (512 cl100k), 256, and 256 embedding originalText.
+DEFAULT_OURS = ("chunkyard-512", "chunkyard-256", "chunkyard-256-original")
+
+
+def chunkyard(corpus: Path, scratch: Path, name: str) -> tuple[list[EvalChunk], Path]:
+    """``chunkyard ingest`` per ``name`` into ``scratch``, read back from the chunk files, and the folder.
+
+    ``chunkyard-N``: ``--target-tokens N`` (cl100k); ``chunkyard-wpN``: ``--tokenizer wordpiece
+    --target-tokens N`` (the embedder's own units); a ``-original`` suffix embeds
+    ``originalText`` instead of ``embedText`` (no breadcrumb); ``-lead`` adds the section's
+    first sentence after the breadcrumb of a chunk that does not start its section;
+    ``-desc`` adds the document's front-matter ``description`` (when it has one).
+    """
+    m = CHUNKYARD.fullmatch(name)
+    if m is None:
+        raise SystemExit(f"{name}: not a chunkyard set (hint: chunkyard-N, chunkyard-wpN, chunkyard-N-original)")
+    wordpiece, target = bool(m.group(1)), int(m.group(2))
+    out = scratch / f"{corpus.name}-{'wp' if wordpiece else ''}{target}"
+    extra = ["--tokenizer", "wordpiece"] if wordpiece else []
+    overlap = ["--overlap-tokens", str(min(64, target // 4))]
     subprocess.run(
         [sys.executable, "-m", "pipeline", "ingest", str(corpus), "--out", str(out), "--target-tokens", str(target),
-         "--quiet"],
+         *overlap, *extra, "--quiet"],
         check=True,
         cwd=REPO,
     )
-    return load_chunk_files(out, embed_original=embed_original)
+    chunks = load_chunk_files(out, embed_original=m.group(3) == "-original")
+    if m.group(3) in ("-lead", "-desc"):
+        chunks = with_context(out, chunks, corpus, m.group(3))
+    if wordpiece:  # the metrics' budgets are in cl100k: count the text again, not in wordpieces
+        count = _count()
+        chunks = [replace(c, tokens=count(c.text)) for c in chunks]
+    return chunks, out
+
+
+_SENTENCE = re.compile(r"(.+?[.!?])(\s|$)", re.DOTALL)
+_DESCRIPTION = re.compile(r"^description:\s*(.+)$", re.MULTILINE)
+
+
+def with_context(out: Path, chunks: list[EvalChunk], corpus: Path, how: str) -> list[EvalChunk]:
+    """``chunks`` whose embedded text carries one more line of context after the breadcrumb."""
+    import orjson
+
+    from pipeline.evaluate.chunks import iter_chunk_files
+
+    records = {r["chunk_id"]: r for r in (orjson.loads(p.read_bytes()) for p in iter_chunk_files(out))}
+    extra: dict[str, str] = {}
+    if how == "-lead":
+        lead: dict[tuple[str, str], str] = {}
+        for r in sorted(records.values(), key=lambda r: (r["metadata"]["sourceFile"], r["charOffsets"]["charStart"])):
+            key = (r["metadata"]["sourceFile"], r["section_id"])
+            if key in lead:
+                extra[r["chunk_id"]] = lead[key]
+                continue
+            body = "\n".join(line for line in r["originalText"].splitlines() if not line.startswith("#")).strip()
+            found = _SENTENCE.match(" ".join(body.split()))
+            lead[key] = found.group(1)[:300] if found else ""
+    else:
+        for source in {c.source for c in chunks}:
+            head = (corpus / source).read_text(encoding="utf-8", errors="replace")[:3000]
+            found = _DESCRIPTION.search(head.split("\n---", 1)[0]) if head.startswith("---") else None
+            if found:
+                for c in chunks:
+                    if c.source == source:
+                        extra[c.chunk_id] = found.group(1).strip().strip("'\"")
+    out_chunks = []
+    for c in chunks:
+        line = extra.get(c.chunk_id)
+        if line:
+            head, sep, body = c.embed.partition("\n\n")
+            c = replace(c, embed=f"{head}\n{line}{sep}{body}" if sep else f"{line}\n\n{c.embed}")
+        out_chunks.append(c)
+    return out_chunks
 
 
 def chunk_sets(
     corpus: Path, scratch: Path, names: Iterable[str] | None = None
-) -> tuple[dict[str, list[EvalChunk]], dict[str, dict[str, int]]]:
-    """Every chunker's chunks of ``corpus`` (peers whose package is missing are skipped, with a note)."""
+) -> tuple[dict[str, list[EvalChunk]], dict[str, dict[str, int]], dict[str, Path]]:
+    """Every chunker's chunks of ``corpus`` (peers whose package is missing are skipped, with a note),
+    the offsets' recovery per peer, and chunkyard's chunk folders."""
     sets: dict[str, list[EvalChunk]] = {}
     recovery: dict[str, dict[str, int]] = {}
-    wanted = set(names) if names else None
-    for target in (512, 256):
-        name = f"chunkyard-{target}"
-        if wanted is None or name in wanted:
-            sets[name] = chunkyard(corpus, scratch, target)
-    if wanted is None or "chunkyard-256-original" in wanted:
-        sets["chunkyard-256-original"] = chunkyard(corpus, scratch, 256, embed_original=True)
+    dirs: dict[str, Path] = {}
+    wanted = list(names) if names else [*DEFAULT_OURS, *PEERS]
+    for name in wanted:
+        if name.startswith("chunkyard-"):
+            sets[name], dirs[name] = chunkyard(corpus, scratch, name)
     docs = documents(corpus)
     for name, make in PEERS.items():
-        if wanted is not None and name not in wanted:
+        if name not in wanted:
             continue
         rec = Recovery()
         try:
@@ -288,4 +353,4 @@ def chunk_sets(
             print(f"  {name}: skipped ({exc.name} is not installed: pip install -e '.[bench]')", file=sys.stderr)
             continue
         recovery[name] = rec.as_dict()
-    return sets, recovery
+    return sets, recovery, dirs

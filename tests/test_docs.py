@@ -124,6 +124,7 @@ def test_every_shown_command_runs(page: Path, tmp_path: Path) -> None:
         pytest.skip(f"{page.name} shows no command")
     sandbox = tmp_path / "sandbox"
     shutil.copytree(ROOT / "corpus", sandbox / "corpus")
+    shutil.copytree(ROOT / "tests" / "gold", sandbox / "gold")  # the gold set `chunkyard eval` is shown with
     for words in shown:
         run_one(list(words), sandbox)
 

@@ -16,6 +16,7 @@ import typer
 from pipeline._version import __version__
 from pipeline.cli import audit, index, ingest, view
 from pipeline.cli.base import app
+from pipeline.cli.eval import eval_cmd
 
 app.command("ingest")(ingest.ingest_cmd)
 app.command("watch")(ingest.watch_cmd)
@@ -25,6 +26,7 @@ app.command("check-citations")(audit.check_citations_cmd)
 app.command("view")(view.view_cmd)
 app.command("index")(index.index_cmd)
 app.command("search")(index.search_cmd)
+app.command("eval")(eval_cmd)
 
 
 def version_callback(value: bool) -> None:

@@ -65,3 +65,36 @@ def run_eval(
         per_query=per_query,
     )
     return EvalResult(gold, reports, runs, pack)
+
+
+def prompt_search(
+    search: SearchFn, out: Path, corpus: Path, expand_tokens: int = 0, ranked_only: bool = True
+) -> SearchFn:
+    """``search`` as the prompt sees it: with ``expand_tokens``, each hit grown into its
+    same-section neighbours up to that many tokens (``pipeline.index.expand``, one citation
+    span read from the source; with ``ranked_only``, only into neighbours the search ranked
+    too, so adjacent hits merge); every item's tokens counted again from its text in cl100k,
+    so the budgets mean the same whatever tokenizer the chunk policy used."""
+    from ..index.expand import chunk_spans, expand
+    from .chunks import iter_chunk_files
+
+    sources = Sources(corpus)
+    spans = None
+    if expand_tokens:
+        import orjson
+
+        spans = chunk_spans(orjson.loads(p.read_bytes()) for p in iter_chunk_files(out))
+
+    def text_of(source: str, start: int, end: int) -> str:
+        return sources.get(source).text[start:end]
+
+    def run(query: str, mode: str, k: int) -> list[dict[str, Any]]:
+        items = [dict(it) for it in search(query, mode, k)]
+        if spans is not None:
+            items = expand(items, spans.get, expand_tokens, text_of=text_of, ranked_only=ranked_only)
+        for item in items:
+            if item.get("text") is not None or item.get("originalText") is not None:
+                item.pop("tokens", None)
+        return items
+
+    return run

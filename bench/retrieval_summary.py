@@ -1,0 +1,86 @@
+"""The goal check of issue 17 from ``make bench-retrieval``'s result files: chunkyard against the best peer.
+
+    python bench/retrieval_summary.py [--ours search+merge768] [--mode hybrid]
+
+Reads every ``bench/results/retrieval-<corpus>*.json`` (runs with different ``--tag`` are
+merged; a later file wins for a name it repeats) and prints, per corpus, the best peer on
+each metric (any peer chunker, any mode), chunkyard's row in ``--mode`` and the
+difference. The goal: ≥ +3 points on nDCG@10 and on recall@2000tok, ≥ 0 on recall@5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PEERS = (
+    "langchain-header-recursive",
+    "langchain-recursive",
+    "llamaindex-markdown-sentence",
+    "chonkie-recursive",
+    "fixed-800-400",
+    "fixed-256",
+)
+GOAL = {"recall@5": 0.0, "nDCG@10": 3.0, "recall@2000tok": 3.0}
+
+
+def load(results: Path = RESULTS) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    """corpus → chunker → mode → metrics, over every result file."""
+    out: dict[str, dict[str, dict[str, dict[str, float]]]] = defaultdict(dict)
+    for path in sorted(results.glob("retrieval-*.json"), key=lambda p: p.stat().st_mtime):
+        data: dict[str, Any] = json.loads(path.read_text())
+        for name, modes in data["metrics"].items():
+            out[data["corpus"]][name] = {mode: m["metrics"] for mode, m in modes.items()}
+    return out
+
+
+def summary(corpus: str, rows: dict[str, dict[str, dict[str, float]]], ours: str, mode: str) -> str:
+    lines = [f"### {corpus}", "", "| metric | best peer | its score | chunkyard | Δ | goal |", "|---|---|---:|---:|---:|---|"]
+    mine = rows.get(ours, {}).get(mode)
+    for metric, margin in GOAL.items():
+        peers = [(m[metric], f"{name} ({md})") for name in PEERS for md, m in rows.get(name, {}).items()]
+        if not peers or mine is None:
+            lines.append(f"| {metric} | – | – | – | – | missing |")
+            continue
+        best, who = max(peers)
+        delta = 100 * (mine[metric] - best)
+        lines.append(f"| {metric} | {who} | {100 * best:.1f} | {100 * mine[metric]:.1f} | {delta:+.1f} | "
+                     f"{'met' if delta >= margin else 'NOT met'} (≥ {margin:+.0f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ours", default="search+merge768")
+    ap.add_argument("--mode", default="hybrid")
+    ap.add_argument("--compact", action="store_true", help="also one short table per corpus (docs/benchmarks.md)")
+    args = ap.parse_args()
+    for corpus, rows in load().items():
+        print(summary(corpus, rows, args.ours, args.mode))
+        if args.compact:
+            print(compact(corpus, rows, [(args.ours, "**chunkyard search, 256 tokens, merged to 768**"),
+                                         ("search", "chunkyard search, 256 tokens, not merged"),
+                                         ("chunkyard-512", "chunkyard, 512 tokens, not merged (stand-in; the default)")]))
+
+
+def compact(corpus: str, rows: dict[str, dict[str, dict[str, float]]], names: list[tuple[str, str]]) -> str:
+    """One Markdown table: the given (row, label) pairs in hybrid mode, then each peer's best mode."""
+    cols = ("recall@5", "nDCG@10", "recall@2000tok")
+    lines = [f"**{corpus}**", "", "| run | mode | R@5 | nDCG@10 | R@2k tok |", "|---|---|---:|---:|---:|"]
+    for name, label in names:
+        if name in rows and "hybrid" in rows[name]:
+            m = rows[name]["hybrid"]
+            lines.append(f"| {label} | hybrid | " + " | ".join(f"{100 * m[c]:.1f}" for c in cols) + " |")
+    for name in PEERS:
+        if name in rows:
+            mode, m = max(rows[name].items(), key=lambda kv: kv[1]["nDCG@10"])
+            lines.append(f"| {name} | {mode} | " + " | ".join(f"{100 * m[c]:.1f}" for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

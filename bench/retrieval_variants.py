@@ -1,0 +1,183 @@
+"""What chunkyard could do at search time, measured on the same chunks (issue 17, point 4).
+
+Each variant is built from an already indexed chunk set, so it costs no new chunking, and
+embeds only what it adds:
+
+- ``<set>+expand<B>``: the search's items expanded by ``pipeline.index.expand`` (the hit
+  plus its neighbours in the same section, one citation span, at most ``B`` tokens).
+- ``search`` / ``search+expand<B>`` / ``search+merge<B>[@<set>]``: not the bench's stand-in
+  retriever but chunkyard's own index and search (``chunkyard index``: SQLite FTS5 +
+  sqlite-vec; ``Searcher``, expanded as ``chunkyard eval --expand`` does) over the folder
+  of ``DEFAULT_SET`` (256 tokens) or ``<set>``'s, with the bench's cached embedder.
+- ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
+  (adjacent hits merge into one passage; no budget spent on unranked text).
+- ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
+  most ``W`` of the embedder's wordpieces (whole paragraphs when they fit), each embedded
+  with the chunk's breadcrumb line; a chunk's dense score is the best of its windows
+  (max-pooled at query time). BM25 is unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import orjson
+
+from pipeline.evaluate.chunks import EvalChunk, iter_chunk_files
+from pipeline.index.expand import ChunkSpan, chunk_spans, expand
+
+#: The chunk set the ``search`` rows run over unless ``@<set>`` names another: 256 tokens, the
+#: measured best with the merge (docs/benchmarks.md; the ingest default is still 512).
+DEFAULT_SET = "chunkyard-256"
+
+
+def spans_of(chunk_dir: Path, count: Callable[[str], int]) -> dict[str, ChunkSpan]:
+    """The chunk folder's spans, tokens counted with ``count`` (the metrics' cl100k, whatever the policy's)."""
+    records = [orjson.loads(p.read_bytes()) for p in iter_chunk_files(chunk_dir)]
+    for rec in records:
+        rec["tokenStats"] = {**rec["tokenStats"], "tokens": count(rec["originalText"])}
+    return chunk_spans(records)
+
+
+class Expanded:
+    """A search whose items are expanded into same-section passages of at most ``budget`` tokens."""
+
+    def __init__(self, search: Any, spans: Mapping[str, ChunkSpan], budget: int, ranked_only: bool = False) -> None:
+        self.search = search
+        self.ranked_only = ranked_only
+        self.spans = spans
+        self.budget = budget
+        self.modes: tuple[str, ...] = search.modes
+
+    def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
+        return expand(self.search(query, mode, k), self.spans.get, self.budget, ranked_only=self.ranked_only)
+
+
+_PARAGRAPH = re.compile(r"\n\s*\n")
+
+
+def windows(embed_text: str, count: Callable[[str], int], size: int) -> list[str]:
+    """``embed_text`` as windows of at most ``size`` wordpieces, each led by its breadcrumb line."""
+    head, sep, body = embed_text.partition("\n\n")
+    if not sep:
+        head, body = "", embed_text
+    budget = max(16, size - count(head))
+    out: list[str] = []
+    current: list[str] = []
+    used = 0
+    for para in _PARAGRAPH.split(body):
+        n = count(para)
+        if n > budget:  # a long paragraph or code block: cut by words
+            if current:
+                out.append("\n\n".join(current))
+                current, used = [], 0
+            words = para.split(" ")
+            piece: list[str] = []
+            for word in words:
+                piece.append(word)
+                if count(" ".join(piece)) > budget:
+                    piece.pop()
+                    if piece:
+                        out.append(" ".join(piece))
+                    piece = [word]
+            if piece:
+                out.append(" ".join(piece))
+            continue
+        if used + n > budget and current:
+            out.append("\n\n".join(current))
+            current, used = [], 0
+        current.append(para)
+        used += n
+    if current:
+        out.append("\n\n".join(current))
+    return [f"{head}\n\n{w}" if head else w for w in out] or [embed_text]
+
+
+def multi_vector(base: Any, chunks: Sequence[EvalChunk], embed: Any, size: int) -> Any:
+    """``base`` (a ``MemoryRetriever``) with each chunk's dense score the max over its windows."""
+    import numpy as np
+
+    count = embed.model.count_tokens
+    owner: list[int] = []
+    texts: list[str] = []
+    for i, chunk in enumerate(chunks):
+        for w in windows(chunk.embed, count, size):
+            owner.append(i)
+            texts.append(w)
+    vectors = embed(texts)
+    owners = np.asarray(owner)
+
+    class MultiVector(type(base)):  # type: ignore[misc]
+        def dense(self, query: str) -> list[tuple[int, float]]:
+            sims = vectors @ self.embed([query])[0]
+            best = np.full(len(self.chunks), -np.inf, dtype=np.float32)
+            np.maximum.at(best, owners, sims)
+            return self._top(enumerate(best.tolist()))
+
+    clone = object.__new__(MultiVector)
+    clone.__dict__.update(base.__dict__)
+    return clone
+
+
+class IndexSearch:
+    """chunkyard's own index over a chunk folder, asked as a ``Search`` (optionally expanded)."""
+
+    modes: tuple[str, ...] = ("bm25", "dense", "hybrid")
+
+    def __init__(self, chunk_dir: Path, embed: Any, expand_tokens: int = 0, ranked_only: bool = True) -> None:
+        from pipeline.evaluate.run import prompt_search
+        from pipeline.index.query import Searcher
+        from pipeline.index.sync import index
+
+        report = index(chunk_dir, embedder=embed)
+        print(f"    index: {report}"[:300], file=sys.stderr)
+        manifest = orjson.loads((chunk_dir / ".chunkyard" / "manifest.json").read_bytes())
+        corpus = Path(manifest["corpus"])
+        self.searcher = Searcher(chunk_dir, embedder=embed)
+        self.search = (
+            prompt_search(self.searcher, chunk_dir, corpus, expand_tokens, ranked_only) if expand_tokens else self.searcher
+        )
+
+    def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
+        return list(self.search(query, mode, k))
+
+
+def variant_searches(
+    names: Sequence[str], built: Mapping[str, Any], sets: Mapping[str, Sequence[EvalChunk]],
+    chunk_dirs: Mapping[str, Path], embed: Any, count: Callable[[str], int],
+) -> dict[str, tuple[str, Callable[[], Any]]]:
+    """``name → (base set, make search)`` for each variant name like ``chunkyard-256+expand512``."""
+    out: dict[str, tuple[str, Callable[[], Any]]] = {}
+    for name in names:
+        base, _, rest = name.partition("+")
+        if base == "search":
+            grow = re.fullmatch(r"(expand|merge)(\d+)(?:@(chunkyard-\w+))?", rest)
+            source = (grow.group(3) if grow else None) or DEFAULT_SET
+            if source not in chunk_dirs or embed is None or (rest and grow is None):
+                print(f"  {name}: skipped (needs the {source} set and an embedder)", file=sys.stderr)
+                continue
+            tokens, merge = (int(grow.group(2)), grow.group(1) == "merge") if grow else (0, True)
+            out[name] = (source, lambda d=chunk_dirs[source], t=tokens, m=merge: IndexSearch(d, embed, t, m))
+            continue
+        if base not in built:
+            print(f"  {name}: skipped (no chunk set {base})", file=sys.stderr)
+            continue
+        kind = re.fullmatch(r"(expand|merge|multi)(\d+)", rest)
+        if kind is None:
+            raise SystemExit(f"{name}: unknown variant (hint: <set>+expand<B> or <set>+multi<W>)")
+        size = int(kind.group(2))
+        if kind.group(1) in ("expand", "merge") and base in chunk_dirs:
+            directory, merge = chunk_dirs[base], kind.group(1) == "merge"
+            out[name] = (base, lambda b=base, d=directory, s=size, m=merge: Expanded(built[b], spans_of(d, count), s, m))
+        elif kind.group(1) == "multi" and embed is not None:
+            out[name] = (base, lambda b=base, s=size: multi_vector(built[b], sets[b], embed, s))
+        else:
+            print(f"  {name}: skipped (expand needs chunkyard's chunk files, multi an embedder)", file=sys.stderr)
+    return out

@@ -1,0 +1,229 @@
+"""Search-time expansion: a hit plus its neighbours in the same section, as one citation span.
+
+A chunk is cut to fit a budget, so the answer to a question often starts in one chunk and
+ends in the next, or a hit is a heading's first paragraph while the lines that answer come
+after it. Only chunkyard knows which chunks sit side by side in the same section (each
+chunk's ``section_id`` and its ``prev``/``next`` links), so a search can return the hit
+*with* its neighbours, read as one contiguous passage of the source: one citation
+``[start, end)`` that slices the source exactly, like any chunk's.
+
+``expand`` is pure: ranked items, a chunk lookup and a token budget in, expanded items
+out. Per hit, in rank order: take the neighbour after, then the one before, alternately,
+while it is in the same document and section and the passage stays within ``budget``
+tokens; a later hit already inside an earlier passage is dropped (it would cite the same
+text twice). An item keeps the hit's fields (id, scores) with the passage's ``offsets``,
+``tokens`` and the ``chunk_ids`` it spans, hit first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+#: Default passage size in tokens: measured best on the gold sets with 256-token chunks
+#: (docs/benchmarks.md): three chunks' worth, a hit and the ranked neighbours around it.
+DEFAULT_BUDGET = 768
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpan:
+    """What expansion needs to know of one chunk."""
+
+    chunk_id: str
+    source: str
+    section_id: str
+    start: int
+    end: int
+    tokens: int
+    prev_id: str | None
+    """The chunk before it in the same document (``None`` for the first)."""
+    next_id: str | None
+
+
+Lookup = Callable[[str], ChunkSpan | None]
+
+
+def _passage(
+    hit: ChunkSpan, lookup: Lookup, budget: int, taken: set[str], within: Collection[str] | None
+) -> list[ChunkSpan]:
+    """The hit and its same-section neighbours, after first then before, within ``budget`` tokens
+    (a chunk already in an earlier passage is a wall, and so is one outside ``within``)."""
+    members = [hit]
+    used = hit.tokens
+    ends = {"next": hit, "prev": hit}
+    open_sides = ["next", "prev"]
+    while open_sides:
+        for side in list(open_sides):
+            link = ends[side].next_id if side == "next" else ends[side].prev_id
+            chunk = lookup(link) if link else None
+            if (
+                chunk is None
+                or chunk.chunk_id in taken
+                or (within is not None and chunk.chunk_id not in within)
+                or not _same_section(chunk, hit)
+                or used + chunk.tokens > budget
+            ):
+                open_sides.remove(side)
+                continue
+            members.append(chunk)
+            used += chunk.tokens
+            ends[side] = chunk
+    return members
+
+
+def _same_section(a: ChunkSpan, b: ChunkSpan) -> bool:
+    return a.source == b.source and a.section_id == b.section_id
+
+
+def expand(
+    items: Sequence[Mapping[str, Any]],
+    lookup: Lookup,
+    budget: int = DEFAULT_BUDGET,
+    *,
+    id_of: Callable[[Mapping[str, Any]], str] = lambda item: str(item["chunk_id"]),
+    text_of: Callable[[str, int, int], str] | None = None,
+    ranked_only: bool = False,
+) -> list[dict[str, Any]]:
+    """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
+
+    ``lookup(chunk_id)`` gives a chunk's ``ChunkSpan`` (``None`` when unknown: the item is
+    kept as it is). A hit larger than ``budget`` stays alone. Order is kept; an item whose
+    chunk lies in an earlier passage is dropped. ``tokens`` is the sum of the members'.
+    The hit's own text no longer matches the passage: ``text_of(source, start, end)`` gives
+    the passage's (set as ``text``); without it, ``text`` and ``originalText`` are dropped.
+    With ``ranked_only``, a passage grows only into neighbours that are among ``items``
+    themselves (adjacent hits merge into one passage at the better rank; an unranked
+    neighbour spends no budget).
+    """
+    within = {id_of(item) for item in items} if ranked_only else None
+    covered: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for item in items:
+        chunk_id = id_of(item)
+        if chunk_id in covered:
+            continue
+        hit = lookup(chunk_id)
+        if hit is None:
+            covered.add(chunk_id)
+            out.append(dict(item))
+            continue
+        members = _passage(hit, lookup, budget, covered, within)
+        covered.update(m.chunk_id for m in members)
+        start = min(m.start for m in members)
+        end = max(m.end for m in members)
+        passage = {k: v for k, v in item.items() if k not in ("text", "originalText")}
+        passage["offsets"] = {"start": start, "end": end, "unit": "char"}
+        passage["tokens"] = sum(m.tokens for m in members)
+        passage["chunk_ids"] = [hit.chunk_id] + [
+            m.chunk_id for m in sorted(members[1:], key=lambda m: m.start)
+        ]
+        if text_of is not None:
+            passage["text"] = text_of(hit.source, start, end)
+        out.append(passage)
+    return out
+
+
+def chunk_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, ChunkSpan]:
+    """``ChunkSpan`` per ``chunk_id`` from chunk file records (SPEC §2): ``prevId``/``nextId``
+    name a chunk's ``id``, translated here to the neighbour's ``chunk_id``."""
+    rows = list(records)
+    by_id = {str(r["id"]): str(r["chunk_id"]) for r in rows}
+    spans = {}
+    for r in rows:
+        prev_id, next_id = r.get("prevId"), r.get("nextId")
+        spans[str(r["chunk_id"])] = ChunkSpan(
+            chunk_id=str(r["chunk_id"]),
+            source=str(r["metadata"]["sourceFile"]),
+            section_id=str(r["section_id"]),
+            start=int(r["charOffsets"]["charStart"]),
+            end=int(r["charOffsets"]["charEnd"]),
+            tokens=int(r["tokenStats"]["tokens"]),
+            prev_id=by_id.get(str(prev_id)) if prev_id else None,
+            next_id=by_id.get(str(next_id)) if next_id else None,
+        )
+    return spans
+
+
+_CHUNK_NUMBER = re.compile(r"::ch(\d+)$")
+_FILE_NUMBER = re.compile(r"__ch\d+\.json$")
+
+
+class ChunkFiles:
+    """A lazy ``Lookup`` over a chunk folder: reads only the chunk files a passage touches.
+
+    A hit is found by the chunk file the search item names (``chunk_file``, relative to the
+    folder: ``remember``); a neighbour by SPEC §2's naming, ``doc_<stem>__ch<N>.json``
+    beside it, with ``N`` from the ``prevId``/``nextId`` it is linked by. So expanding ten
+    hits reads a few dozen small files, not the folder.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.paths: dict[str, Path] = {}
+        self.spans: dict[str, ChunkSpan | None] = {}
+
+    def remember(self, chunk_id: str, chunk_file: str) -> None:
+        """Where ``chunk_id``'s file is (a search item's ``chunk_file``)."""
+        self.paths.setdefault(chunk_id, self.out / chunk_file)
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            rec: dict[str, Any] = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return rec
+
+    def _neighbour(self, path: Path, link: Any) -> str | None:
+        found = _CHUNK_NUMBER.search(str(link or ""))
+        if found is None:
+            return None
+        other = path.with_name(_FILE_NUMBER.sub(f"__ch{found.group(1)}.json", path.name))
+        rec = self._read(other)
+        if rec is None or rec.get("id") != link:
+            return None
+        self.paths.setdefault(str(rec["chunk_id"]), other)
+        return str(rec["chunk_id"])
+
+    def __call__(self, chunk_id: str) -> ChunkSpan | None:
+        if chunk_id in self.spans:
+            return self.spans[chunk_id]
+        path = self.paths.get(chunk_id)
+        rec = self._read(path) if path is not None else None
+        span = None
+        if path is not None and rec is not None and rec.get("chunk_id") == chunk_id:
+            span = ChunkSpan(
+                chunk_id=chunk_id,
+                source=str(rec["metadata"]["sourceFile"]),
+                section_id=str(rec["section_id"]),
+                start=int(rec["charOffsets"]["charStart"]),
+                end=int(rec["charOffsets"]["charEnd"]),
+                tokens=int(rec["tokenStats"]["tokens"]),
+                prev_id=self._neighbour(path, rec.get("prevId")),
+                next_id=self._neighbour(path, rec.get("nextId")),
+            )
+        self.spans[chunk_id] = span
+        return span
+
+
+def expand_record(
+    record: Mapping[str, Any],
+    out: Path,
+    text_of: Callable[[str, int, int], str],
+    budget: int = DEFAULT_BUDGET,
+) -> dict[str, Any]:
+    """A search result record (004, items with ``chunk_file``) with its items merged into passages:
+    each hit with the neighbours of its section that the search ranked too, up to ``budget``
+    tokens (``expand(..., ranked_only=True)``); ``k_final`` renumbered; ``expand_tokens`` noted."""
+    files = ChunkFiles(out)
+    for item in record.get("items", ()):
+        if item.get("chunk_file"):
+            files.remember(str(item["chunk_id"]), str(item["chunk_file"]))
+    items = expand(record.get("items", ()), files, budget, text_of=text_of, ranked_only=True)
+    for final, item in enumerate(items, 1):
+        item["k_final"] = final
+    return {**record, "items": items, "expand_tokens": budget}
