@@ -18,7 +18,9 @@ import pytest
 from pipeline.models import Policy
 from pipeline.run.emit import stable_view
 from pipeline.run.ingest import Options, Session, Summary, ingest
-from pipeline.run.state import FEED, INFLIGHT, MANIFEST, STATE_DIR
+from pipeline.run.db import StateDB, db_path, dump_state
+from pipeline.run.feed import read_feed
+from pipeline.run.state import STATE_DIR
 
 POLICY = Policy(target_tokens=64, overlap_tokens=8)
 
@@ -63,12 +65,19 @@ def stable(out: Path, rel: str) -> dict[str, Any]:
 
 
 def feed(out: Path) -> list[dict[str, Any]]:
-    path = out / STATE_DIR / FEED
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+    return [line.event for line in read_feed(out, 0)]
 
 
 def manifest(out: Path) -> dict[str, Any]:
-    return orjson.loads((out / STATE_DIR / MANIFEST).read_bytes())
+    return dump_state(out)
+
+
+def died_touching(out: Path, docs: list[str]) -> None:
+    """What a run that was killed leaves: its in-flight rows and the sweep flag."""
+    db = StateDB(db_path(out / STATE_DIR))
+    with db.transaction():
+        db.set_inflight(docs, sweep=True)
+    db.close()
 
 
 @pytest.fixture
@@ -105,7 +114,7 @@ def test_manifest_describes_every_document(built: tuple[Path, Path]) -> None:
                 entry["chunk_ids"][i],
                 entry["hashes"][i],
             )
-    assert not (out / STATE_DIR / INFLIGHT).exists()
+    assert manifest(out)["inflight"] is None
 
 
 def test_unchanged_reingest_writes_nothing(built: tuple[Path, Path]) -> None:
@@ -154,7 +163,14 @@ def test_one_paragraph_edit_rewrites_only_what_changed(built: tuple[Path, Path])
     assert summary.written == len(rewritten) and summary.processed == 1
     events = feed(out)[n_feed:]
     assert sorted(e["file"] for e in events) == sorted(rewritten)  # the feed lists exactly those
-    assert {e["event"] for e in events} == {"ingest.write"} and {e["change"] for e in events} == {"changed"}
+    assert {e["event"] for e in events} == {"ingest.write"}
+    # text: exactly the chunks whose embedded text changed; the others only moved (rev is per document)
+    texts = {rel for rel in after if stable(out, rel)["embedText"] != old[rel]["embedText"]}
+    assert len(texts) == 1 and "great length" in stable(out, next(iter(texts)))["originalText"]
+    assert {e["file"] for e in events if e["change"] == "text"} == texts
+    assert {e["change"] for e in events if e["file"] not in texts} == {"moved"}
+    assert len(events) > len(texts)  # the rev of the others moved
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)  # monotonic
     # only text inside a section changed: every chunk_id survives (the outline-based r=)
     assert [stable(out, rel)["chunk_id"] for rel in sorted(after)] == [
         old[rel]["chunk_id"] for rel in sorted(after)
@@ -219,12 +235,12 @@ def test_orphans_and_temp_files_are_swept_after_a_crash(built: tuple[Path, Path]
     corpus, out = built
     (out / "doc_ghost__ch0.json").write_text("{}")
     (out / "sub" / ".doc_notes__ch0.json.123.tmp").write_text("half")
-    (out / STATE_DIR / INFLIGHT).write_text('{"run_id": "x", "docs": ["sub/notes.md"]}')  # a run died
+    died_touching(out, ["sub/notes.md"])  # a run died
     n_feed = len(feed(out))
     summary = run(corpus, out)
     assert not (out / "doc_ghost__ch0.json").exists()
     assert not list(out.rglob("*.tmp"))
-    assert not (out / STATE_DIR / INFLIGHT).exists()
+    assert manifest(out)["inflight"] is None
     assert summary.processed == 1 and summary.written == 0  # sub/notes.md re-checked, nothing to fix
     assert [e["file"] for e in feed(out)[n_feed:]] == ["doc_ghost__ch0.json"]
 
@@ -239,8 +255,8 @@ def test_subset_sync_touches_only_those_paths(built: tuple[Path, Path]) -> None:
     with Session(Options(corpus=corpus, out=out, policy=POLICY, jobs=1)) as session:
         summary = session.sync(["guide.md", "sub/notes.md"])
         assert summary.processed == 1 and summary.removed > 0
-        docs = session.manifest["docs"]
-        assert "sub/notes.md" not in docs and docs["guide.md"]["files"] == ["doc_guide__ch0.json"]
+        assert session.entry("sub/notes.md") is None
+        assert (session.entry("guide.md") or {})["files"] == ["doc_guide__ch0.json"]
         summary = session.sync(["other.md"])
         assert summary.processed == 1
     after = chunk_files(out)

@@ -26,13 +26,13 @@ from pipeline.errors import PipelineError
 from pipeline.models import Policy, SourceDoc
 from pipeline.run.discover import discover, walk
 from pipeline.run.emit import fast_validator, stable_view, validator
-from pipeline.run.state import INFLIGHT, MANIFEST, REDIRECTS, STATE_DIR
+from pipeline.run.state import STATE_DIR, STATE_FILE
 from pipeline.stages.mint import chunk_file, policy_hash, text_rev
 from pipeline.stages.normalize import normalize
 from pipeline.stages.parse import Lines
 
-MANIFEST_FILE = f"{STATE_DIR}/{MANIFEST}"
-REDIRECTS_FILE = f"{STATE_DIR}/{REDIRECTS}"
+MANIFEST_FILE = f"{STATE_DIR}/{STATE_FILE}"
+REDIRECTS_FILE = f"{STATE_DIR}/{STATE_FILE}:redirects"
 _SCHEMA_ERRORS_PER_FILE = 5
 
 _INGEST_FULL = "run `chunkyard ingest --full` to rewrite the chunks from the source"
@@ -567,10 +567,8 @@ def validate(
     started = time.perf_counter()
     store = open_store(out, corpus, need_corpus=True)
     report = Report(str(out), str(store.corpus), documents=len(store.docs), reingest=reingest)
-    if (out / STATE_DIR / INFLIGHT).exists():
-        report.problems.append(
-            Problem("interrupted_run", f"{STATE_DIR}/{INFLIGHT}", "(file)", "a sync has not finished")
-        )
+    if store.db is not None and store.db.inflight() is not None:
+        report.problems.append(Problem("interrupted_run", STATE_FILE, "inflight", "a sync has not finished"))
     manifest_policy: dict[str, Any] = store.manifest.get("policy") or {}
     p_hash = str(store.manifest.get("policy_hash", ""))
     try:
@@ -600,9 +598,8 @@ def validate(
         keys.extend(outcome.keys)
         if on_doc is not None:
             on_doc()
-    listed = {f for entry in store.docs.values() for f in entry.get("files") or []}
-    report.files = len(listed)
-    keys.extend(_check_stale(store, listed, report))
+    report.files = store.db.count_chunks() if store.db is not None else 0
+    keys.extend(_check_stale(store, report))
     _check_unique(keys, store, report)
     _check_redirects(store, {k[2] for k in keys}, report)
     _check_unindexed(store, report)
@@ -610,8 +607,12 @@ def validate(
     return report
 
 
-def _check_stale(store: ChunkStore, listed: set[str], report: Report) -> Iterator[tuple[str, str, str]]:
-    """Files under the output that no manifest entry lists; yields their keys for the duplicate check."""
+def _check_stale(store: ChunkStore, report: Report) -> Iterator[tuple[str, str, str]]:
+    """Files under the output that no document lists; yields their keys for the duplicate check.
+
+    One indexed query per file (``chunks.file``), not a set of every listed file.
+    """
+    listed = store.index("file")
     for dirpath, dirnames, filenames in walk(store.out):  # not os.walk: it recurses per level
         dirnames[:] = sorted(d for d in dirnames if d != STATE_DIR)
         rel_dir = os.path.relpath(dirpath, store.out).replace(os.sep, "/")
@@ -669,26 +670,16 @@ def _check_unique(keys: list[tuple[str, str, str]], store: ChunkStore, report: R
 
 def _check_redirects(store: ChunkStore, live: set[str], report: Report) -> None:
     """Every redirect lands on a live chunk_id, in one hop."""
-    path = store.out / STATE_DIR / REDIRECTS
-    if not path.exists():
+    if store.db is None:
         return
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        report.problems.append(Problem("bad_redirects", REDIRECTS_FILE, "(file)", str(exc)))
-        return
-    table = data.get("redirects") if isinstance(data, dict) else None
-    if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(table, dict):
-        report.problems.append(
-            Problem("bad_redirects", REDIRECTS_FILE, "redirects", "not a format-1 redirect map")
-        )
-        return
-    for old, new in sorted(table.items()):
-        if new in table:
+    db = store.db
+    for old, new in db.iter_redirects():
+        nxt = db.redirect(new)
+        if nxt is not None:
             report.problems.append(
-                Problem("redirect_chain", REDIRECTS_FILE, f"redirects.{old}", f"→ {new!r} → {table[new]!r}")
+                Problem("redirect_chain", REDIRECTS_FILE, f"redirects.{old}", f"→ {new!r} → {nxt!r}")
             )
-        elif new not in live:
+        elif new not in live and not db.is_live(new):
             report.problems.append(
                 Problem(
                     "dangling_redirect", REDIRECTS_FILE, f"redirects.{old}", f"→ {new!r}, which no chunk has"

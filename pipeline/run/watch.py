@@ -357,14 +357,10 @@ class Watcher:
                     return {k: self._pending.pop(k) for k in keys if k in self._pending}
                 self._cond.wait(min(due.values()) - now if due else None)
 
-    def _docs(self) -> dict[str, dict[str, Any]]:
-        docs: dict[str, dict[str, Any]] = self._session.manifest.get("docs", {})
-        return docs
-
     def _expand(self, folder: str) -> set[str]:
-        """Documents the manifest has under ``folder``, and those there now."""
+        """Documents the state has under ``folder``, and those there now."""
         prefix = folder + "/"
-        paths = {rel for rel in self._docs() if rel.startswith(prefix)}
+        paths = set(self._session.db.rels_under(prefix))
         top = self.opts.corpus / folder
         if top.is_dir():
             found, _ = discover(top, self.opts.out)
@@ -373,13 +369,15 @@ class Watcher:
 
     def _sync_batch(self, batch: dict[_Key, _Mark]) -> None:
         try:
-            docs = self._docs()
+            db = self._session.db
             paths: set[str] = set()
             for rel, is_folder in batch:
                 paths.update(self._expand(rel) if is_folder else (rel,))
             opts = self.opts
             paths = {
-                p for p in paths if p in docs or find_one(opts.corpus, p, opts.out, opts.exclude) is not None
+                p
+                for p in paths
+                if db.stamp(p) is not None or find_one(opts.corpus, p, opts.out, opts.exclude) is not None
             }
             if not paths:
                 return
@@ -402,16 +400,21 @@ class Watcher:
         renames: dict[str, str] | None = None,
         quiet_if_idle: bool = False,
     ) -> None:
-        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync``."""
-        docs = self._docs()
-        old = {
-            rel: list(docs[rel].get("files", ()))
-            for rel in (docs if paths is None else (p for p in paths if p in docs))
-        }
-        results: dict[str, DocResult] = {}
+        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync``.
+
+        Only what the report needs is kept of each result (never its chunk lists), and the
+        state is asked about the documents synced, never the whole corpus.
+        """
+        db = self._session.db
+        old = {p: len(db.files_of(p)) for p in paths or ()}
+        results: dict[str, _Done] = {}
+
+        def keep(r: DocResult) -> None:
+            results[r.rel_path] = _Done(r.error, len(r.added) + len(r.changed), len(r.files), _ms(r))
+
         started = time.monotonic()
         try:
-            summary = self._session.sync(paths, on_result=lambda r: results.__setitem__(r.rel_path, r))
+            summary = self._session.sync(paths, on_result=keep)
         except Exception as exc:  # noqa: BLE001 - a bug or a full disk: report it, keep watching
             ms = (time.monotonic() - started) * 1000
             report = SyncReport(Summary(""), (), ms, 0.0, initial, f"sync failed: {exc!r}")
@@ -420,10 +423,10 @@ class Watcher:
                 self.fatal = report.error
             return
         ended = time.monotonic()
-        new = self._docs()
-        names = set(results) | (set(old) - set(new)) if paths is None else set(paths)
+        gone = self._session.gone
+        names = set(results) | set(gone) if paths is None else set(paths)
         changes = tuple(
-            _change(rel, old.get(rel), new.get(rel), results.get(rel), (renames or {}).get(rel))
+            _change(rel, old.get(rel, gone.get(rel, 0)), db, results.get(rel), (renames or {}).get(rel))
             for rel in sorted(names)
         )
         for change in changes:
@@ -441,27 +444,30 @@ class Watcher:
             self.on_sync(report)
 
 
-def _change(
-    rel: str,
-    old_files: list[str] | None,
-    entry: dict[str, Any] | None,
-    result: DocResult | None,
-    renamed_from: str | None,
-) -> DocChange:
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """What a sync's report keeps of one document's result."""
+
+    error: str | None
+    written: int
+    files: int
+    ms: float
+
+
+def _change(rel: str, old_files: int, db: Any, done: _Done | None, renamed_from: str | None) -> DocChange:
     """One document's line: files written, unchanged and removed by the sync."""
-    new_files = list(entry.get("files", ())) if entry else []
-    removed = len(set(old_files or ()) - set(new_files))
-    if result is not None and result.error is not None:
-        return DocChange(rel, "failed", unchanged=len(new_files), ms=_ms(result), error=result.error)
-    if result is not None:
-        written = len(result.added) + len(result.changed)
-        status: Status = "chunked"
+    stamp = db.stamp(rel)
+    new_files = len(db.files_of(rel)) if stamp is not None else 0
+    if done is not None and done.error is not None:
+        return DocChange(rel, "failed", unchanged=new_files, ms=done.ms, error=done.error)
+    if done is not None:
+        removed = max(0, old_files - done.files)
         return DocChange(
-            rel, status, written, len(new_files) - written, removed, _ms(result), None, renamed_from
+            rel, "chunked", done.written, done.files - done.written, removed, done.ms, None, renamed_from
         )
-    if entry is None:
-        return DocChange(rel, "removed", removed=removed)
-    return DocChange(rel, "unchanged", unchanged=len(new_files))
+    if stamp is None:
+        return DocChange(rel, "removed", removed=old_files)
+    return DocChange(rel, "unchanged", unchanged=new_files)
 
 
 def _ms(result: DocResult) -> float:
