@@ -16,10 +16,10 @@ import orjson
 import pytest
 
 from pipeline.models import Policy
-from pipeline.run.emit import stable_view
-from pipeline.run.ingest import Options, Session, Summary, ingest
 from pipeline.run.db import StateDB, db_path, dump_state
+from pipeline.run.emit import stable_view
 from pipeline.run.feed import read_feed
+from pipeline.run.ingest import Options, Session, Summary, ingest
 from pipeline.run.state import STATE_DIR
 
 POLICY = Policy(target_tokens=64, overlap_tokens=8)

@@ -259,6 +259,7 @@ def forget(run: Run, rel: str) -> None:
     cids, hashes = entry.get("chunk_ids", []), entry.get("hashes", [])
 
     def work() -> None:
+        db.drop_doc(rel)  # first: its own ids are not live any more
         fresh: dict[str, tuple[str, str]] = {}
         for cid, digest in zip(cids, hashes, strict=False):
             if db.is_live(cid):
@@ -266,7 +267,6 @@ def forget(run: Run, rel: str) -> None:
             found = db.made_with_hash(digest, run.generation)
             if found is not None and found[0] != cid:
                 fresh[cid] = (found[0], "rename")
-        db.drop_doc(rel)
         _remove(run, rel, entry, list(enumerate(entry.get("files", ()))))
         targets = {new for new, _ in fresh.values()}
         _redirect(run, fresh, list(cids), set(), {t: db.hash_of(t) for t in targets})
