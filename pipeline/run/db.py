@@ -81,9 +81,11 @@ def db_path(state_dir: Path) -> Path:
 def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL, foreign keys off."""
     if readonly:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=30)
+        conn = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=30, check_same_thread=False
+        )
     else:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a crash of the process
     conn.execute("PRAGMA cache_size=-16000")  # 16 MB: the parent's memory stays flat
