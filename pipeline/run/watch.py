@@ -60,6 +60,7 @@ from watchdog.observers.polling import PollingObserver
 
 from pipeline.run.discover import SKIP_DIRS, discover, excluded, find_one, is_document
 from pipeline.run.ingest import Options, Session, Summary
+from pipeline.run.watchlimit import FolderPoller, limit_warning, unwatched
 from pipeline.run.worker import DocResult
 
 DEFAULT_DEBOUNCE = 0.05
@@ -175,6 +176,7 @@ class Watcher:
         polling: use watchdog's polling observer (network and FUSE file systems).
         on_sync: called with each ``SyncReport``.
         on_wait: called with the holder's name while waiting for the output lock.
+        on_warning: called once if inotify cannot watch every folder (``watchlimit.py``).
     """
 
     def __init__(
@@ -185,8 +187,13 @@ class Watcher:
         polling: bool = False,
         on_sync: OnSync | None = None,
         on_wait: Callable[[str], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self.opts = opts
+        self.on_warning = on_warning
+        self.warnings: list[str] = []  #: what ``on_warning`` was told
+        #: polls the folders inotify refused (past ``fs.inotify.max_user_watches``)
+        self._poller: FolderPoller | None = None
         self.debounce = debounce
         self.max_delay = max(MAX_DELAY, 10 * debounce)
         self.polling = polling
@@ -227,6 +234,8 @@ class Watcher:
         if observer is not None:
             observer.stop()
             observer.join()
+        if self._poller is not None:
+            self._poller.stop()
         self._observer_gone.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -318,17 +327,51 @@ class Watcher:
         with self._cond:
             if self._stopping:
                 return
-            if self.polling:
-                observer: BaseObserver = PollingObserver(timeout=POLL_INTERVAL)
-            else:
-                from watchdog.observers import Observer
-
-                observer = Observer()
-            observer.schedule(_Handler(self), str(self._root), recursive=True, event_filter=EVENT_TYPES)
-            observer.start()
-            self._observer = observer
+            self._observer = self._start_observer()
         self._run_sync(None, initial=False, quiet_if_idle=True)
         self.ready.set()
+
+    def _start_observer(self) -> BaseObserver:
+        """inotify (or polling if asked); past the inotify limit, polling for what it refused."""
+        handler = _Handler(self)
+        if not self.polling:
+            from watchdog.observers import Observer
+
+            observer: BaseObserver = Observer()
+            observer.schedule(handler, str(self._root), recursive=True, event_filter=EVENT_TYPES)
+            try:
+                observer.start()
+            except OSError as exc:  # the root refused (ENOSPC: the watch limit; EMFILE: instances)
+                observer.stop()
+                self._warn(limit_warning(0, 0, root_refused=True) + f" [{exc.strerror or exc}]")
+            else:
+                self._poll_refused()
+                return observer
+        observer = PollingObserver(timeout=POLL_INTERVAL)
+        observer.schedule(handler, str(self._root), recursive=True, event_filter=EVENT_TYPES)
+        observer.start()
+        return observer
+
+    def _poll_refused(self) -> None:
+        """Compare the folders with the watches inotify holds; poll the ones it does not."""
+        found = unwatched(str(self._root), lambda path: self.relative(path, True) is None)
+        if not found or not found[0]:
+            return
+        missing, total = found
+        self._warn(limit_warning(len(missing), total))
+
+        def changed(path: str, is_dir: bool) -> None:
+            rel = self.relative(path, is_dir)
+            if rel:
+                self.mark([(rel, is_dir)])
+
+        self._poller = FolderPoller(missing, POLL_INTERVAL, changed)
+        self._poller.start()
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        if self.on_warning is not None:
+            self.on_warning(message)
 
     def _next_batch(self) -> dict[_Key, _Mark] | None:
         """Wait for the next ripe batch: paths quiet for ``debounce``, with their rename partners."""
