@@ -198,6 +198,12 @@ class StateDB:
         for (rel,) in self.conn.execute("SELECT rel FROM docs ORDER BY rel").fetchall():
             yield rel
 
+    def iter_uid_revs(self) -> Iterator[tuple[str, str]]:
+        """``(rel, doc_uid|r)`` of every document, in path order, streamed."""
+        cursor = self.conn.execute("SELECT rel, uid_rev FROM docs ORDER BY rel")
+        while rows := cursor.fetchmany(4096):
+            yield from rows
+
     def rels_under(self, prefix: str) -> list[str]:
         """Documents whose path starts with ``prefix`` (a folder and its ``/``)."""
         hi = prefix + "\U0010ffff"

@@ -436,13 +436,8 @@ class Session:
         header = self._header()
         header_moved = any(db.meta(k) != v for k, v in header.items())
         try:
-            with db.transaction():  # before the first chunk file is touched (crash safety)
-                if touched or sweep_now:
-                    db.set_inflight(touched | self.recovering, sweep=True)
-                if touched or sweep_now or header_moved:
-                    db.set_meta(generation=run.generation, run_id=run.run_id, **header)
-                for rel, mtime in touched_mtimes.items():
-                    db.touch_doc(rel, mtime)
+            if touched or sweep_now or header_moved or touched_mtimes:
+                self._begin(run, touched, sweep_now, header, touched_mtimes)
         except Exception as exc:  # noqa: BLE001 - sqlite3.Error or OSError: nothing was changed
             raise _state_error(opts.out, exc) from None
         if on_start is not None:
@@ -494,6 +489,19 @@ class Session:
                 clear_journals(opts.out, (run.vanished | touched) - self.recovering)
         summary.seconds = time.perf_counter() - started
         return summary
+
+    def _begin(
+        self, run: Run, touched: set[str], sweep_now: bool, header: dict[str, str], mtimes: dict[str, int]
+    ) -> None:
+        """Before the first chunk file is touched (crash safety): the in-flight rows, the header."""
+        db = self.db
+        with db.transaction():
+            if touched or sweep_now:
+                db.set_inflight(touched | self.recovering, sweep=True)
+                db.set_meta(generation=run.generation, run_id=run.run_id)
+            db.set_meta(**header)
+            for rel, mtime in mtimes.items():
+                db.touch_doc(rel, mtime)
 
     def _widen_collisions(self, found: list[Found], run: Run, processed_at: str) -> None:
         """``doc_uid|r`` must be unique in the corpus: widen ``r=`` to 12 hex on a collision (000).
