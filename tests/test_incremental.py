@@ -453,3 +453,20 @@ def test_missing_files_and_folders_deep_in_the_output_are_put_back(built: tuple[
     assert summary.processed == 2 and summary.skipped == 3
     assert summary.written == len(deep) + 1
     assert set(chunk_files(out)) == set(before)
+
+
+def test_a_no_change_run_reads_no_chunk_lists(built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cost follows the change (SPEC §10): with nothing changed, a run stats documents and
+    output folders, and never asks the state for a document's chunk lists."""
+    corpus, out = built
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("a no-change run read a document's chunk lists")
+
+    monkeypatch.setattr(StateDB, "entry", refused)
+    monkeypatch.setattr(StateDB, "files_of", refused)
+    summary = run(corpus, out)
+    assert (summary.processed, summary.skipped, summary.written) == (0, 5, 0)
+    monkeypatch.undo()
+    (out / "doc_README__ch0.json").unlink()  # a folder whose mtime moved is listed again
+    assert run(corpus, out).written == 1

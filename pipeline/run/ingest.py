@@ -481,6 +481,7 @@ class Session:
                 with db.transaction():
                     db.set_meta(sweep=int(self.sweep_due), written_at=now_iso())
                     db.set_folder_mtimes({f: m for f, m in folders.seen.items() if f not in run.recorded})
+                    db.set_folder_mtimes(_mtimes(opts.out, run.recorded))  # after our last change to them
             if feed_mod.due(db):
                 feed_mod.compact(db)
             if sweep_now and not self.recovering:
@@ -530,6 +531,20 @@ class Session:
                 result = next(iter(self.results([job])))
                 fold(result, run, rev_width=12)
                 summary.processed -= 1
+
+
+def _mtimes(out: Path, folders: Iterable[str]) -> dict[str, int]:
+    """The mtimes of output folders this sync wrote into, once it is done with them.
+
+    Taken at the end, because writing into a folder's subfolders (making one) moves its
+    mtime too. A chunk file deleted by hand while a sync runs is found by ``--full`` or
+    ``validate``, not by the next run.
+    """
+    found: dict[str, int] = {}
+    for folder in folders:
+        with suppress(OSError):
+            found[folder] = os.stat(out / folder if folder else out).st_mtime_ns
+    return found
 
 
 def _dumps(value: Any) -> str:
