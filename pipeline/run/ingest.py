@@ -147,6 +147,8 @@ class _Folders:
         self.seen: dict[str, int] = {}  #: folder → mtime when listed now (recorded at the end)
 
     def missing(self, rel: str) -> bool:
+        if self.recorded is None:  # a few documents (a save in watch): a stat per chunk file
+            return not all(os.path.exists(self.out / f) for f in self.db.files_of(rel))
         folder = rel.rpartition("/")[0]
         if folder not in self.listings:
             self.listings[folder] = self._list(folder)
