@@ -470,3 +470,22 @@ def test_a_no_change_run_reads_no_chunk_lists(built: tuple[Path, Path], monkeypa
     monkeypatch.undo()
     (out / "doc_README__ch0.json").unlink()  # a folder whose mtime moved is listed again
     assert run(corpus, out).written == 1
+
+
+def test_a_doc_uid_collision_widens_r_with_a_warning_then_fails_past_12(tmp_path: Path) -> None:
+    """Two documents with one ``doc_id`` and one outline: the second gets 12-hex ``r=`` (000)."""
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    text = "---\ndoc_id: shared\n---\n# Same\n\nFirst {}.\n"
+    (corpus / "a.md").write_text(text.format("a"))
+    (corpus / "b.md").write_text(text.format("b"))
+    summary = run(corpus, out)
+    assert not summary.failures
+    assert [w for w in summary.warnings if "collides" in w] == [
+        "b.md: mint: doc_uid|r collides with a.md; r= widened to 12 hex"
+    ]
+    docs = manifest(out)["docs"]
+    assert len(docs["a.md"]["uid_rev"].split("r=")[1]) == 8 and len(docs["b.md"]["uid_rev"].split("r=")[1]) == 12
+    assert docs["b.md"]["rev_width"] == 12
+    again = run(corpus, out)  # stable: nothing to widen again
+    assert (again.processed, again.failures, again.warnings) == (0, [], [])

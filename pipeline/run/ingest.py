@@ -512,7 +512,7 @@ class Session:
         A query per document recorded now (the index on ``uid_rev``), not a sort of the corpus.
         """
         summary, db = run.summary, self.db
-        paths = {f.rel_path: f for f in found}
+        paths: dict[str, Found] = {}  # built on the first collision only
         seen: set[str] = set()
         for key in sorted(set(run.processed.values())):
             if not key or key in seen:
@@ -521,6 +521,8 @@ class Session:
             owners = db.rels_with_uid_rev(key)
             for rel, width in owners[1:]:
                 first = owners[0][0]
+                if not paths:
+                    paths.update((f.rel_path, f) for f in found)
                 if width >= 12 or rel not in paths:
                     summary.failures.append(
                         f"{rel}: mint: chunk ids collide with {first} "
