@@ -457,3 +457,30 @@ def test_edit_suite_chained_edits(suite: tuple[Path, Path, list[str]], tmp_path:
     assert all(target in live for target in redirects.values())
     print(f"\nedit suite [all six, chained]: {ok}/{total} = {ok / total:.1%} of the first ids resolve")
     assert ok / total >= 0.95, misses[:10]
+
+
+def test_a_rename_found_after_a_run_died_between_the_new_name_and_the_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run that died recorded the new name (its chunks), not yet the old one's removal: the
+    next run still finds the rename by hash among the chunks the dead run made."""
+    corpus, out, clean = tmp_path / "corpus", tmp_path / "out", tmp_path / "clean"
+    corpus.mkdir()
+    (corpus / "guide.md").write_text(DOC)
+    (corpus / "other.md").write_text("# Other\n\nSomething else entirely.\n")
+    run(corpus, out)
+    shutil.copytree(out, clean)
+    (corpus / "guide.md").rename(corpus / "handbook.md")
+    run(corpus, clean)
+    assert redirect_map(clean)
+
+    def die(*_a: Any, **_k: Any) -> None:
+        raise KeyboardInterrupt  # stands for SIGKILL, right before the old name is forgotten
+
+    monkeypatch.setattr("pipeline.run.ingest.forget", die)
+    with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
+        s.sync()
+    monkeypatch.undo()
+    summary = run(corpus, out)
+    assert summary.processed == 0  # handbook.md was recorded by the run that died
+    assert redirect_map(out) == redirect_map(clean)

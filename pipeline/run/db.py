@@ -301,10 +301,11 @@ class StateDB:
             is not None
         )
 
-    def made_with_hash(self, digest: str, gen: int) -> tuple[str, str] | None:
-        """The first chunk (document order) made in generation ``gen`` with this hash."""
+    def made_with_hash(self, digest: str, since: int) -> tuple[str, str] | None:
+        """The first chunk (document order) with this hash made in generation ``since`` or later."""
         row = self.conn.execute(
-            "SELECT chunk_id, hash FROM chunks WHERE hash=? AND gen=? ORDER BY rel, n LIMIT 1", (digest, gen)
+            "SELECT chunk_id, hash FROM chunks WHERE hash=? AND gen>=? ORDER BY rel, n LIMIT 1",
+            (digest, since),
         ).fetchone()
         return (str(row[0]), str(row[1])) if row else None
 

@@ -481,7 +481,7 @@ class Session:
         with suppress(Exception):  # harmless if it fails: the next run re-checks a few documents
             if touched or sweep_now or sweep_was != self.sweep_due or folders.seen:
                 with db.transaction():
-                    db.set_meta(sweep=int(self.sweep_due), written_at=now_iso())
+                    db.set_meta(sweep=int(self.sweep_due), written_at=now_iso(), made_since=0)
                     db.set_folder_mtimes({f: m for f, m in folders.seen.items() if f not in run.recorded})
                     db.set_folder_mtimes(_mtimes(opts.out, run.recorded))  # after our last change to them
             if feed_mod.due(db):
@@ -502,6 +502,9 @@ class Session:
             if touched or sweep_now:
                 db.set_inflight(touched | self.recovering, sweep=True)
                 db.set_meta(generation=run.generation, run_id=run.run_id)
+                # a run that died left its chunks of generation made_since: still "made now"
+                run.made_since = db.meta_int("made_since") or run.generation
+                db.set_meta(made_since=run.made_since)
             db.set_meta(**header)
             for rel, mtime in mtimes.items():
                 db.touch_doc(rel, mtime)

@@ -49,6 +49,9 @@ class Run:
     unsafe: set[str] = field(default_factory=set)  #: documents whose write failed half-way
     emptied: set[str] = field(default_factory=set)  #: output folders a removal may have emptied
     whole: bool = False  #: a whole-corpus sync: every output folder was checked at its start
+    #: chunks "made now" (a rename's new place) are those of this generation or later: the
+    #: generation of the first of the runs that died before this one finished their work
+    made_since: int = 0
     recorded: set[str] = field(default_factory=set)  #: output folders whose mtime was recorded now
     left: bool = False  #: a stale file could not be removed
     error: Exception | None = None  #: the state could not be written
@@ -264,7 +267,7 @@ def forget(run: Run, rel: str) -> None:
         for cid, digest in zip(cids, hashes, strict=False):
             if db.is_live(cid):
                 continue
-            found = db.made_with_hash(digest, run.generation)
+            found = db.made_with_hash(digest, run.made_since or run.generation)
             if found is not None and found[0] != cid:
                 fresh[cid] = (found[0], "rename")
         _remove(run, rel, entry, list(enumerate(entry.get("files", ()))))
