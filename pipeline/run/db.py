@@ -10,15 +10,15 @@ One SQLite file (stdlib ``sqlite3``, WAL) holds what ``manifest.json``, ``redire
   generation that made it): corpus-wide questions (who claims a file, is an id live, which
   new chunk has this hash) are indexed queries;
 - ``redirects``: old ``chunk_id`` → live ``chunk_id``;
-- ``inflight``: documents a sync is touching; a row is removed in the transaction that
-  records the document, so what a killed run leaves is exactly what to re-check;
+- ``inflight``: documents a sync is touching, written before it touches any and replaced
+  when it ends: what a killed run leaves is what to re-check;
 - ``feed``: the change feed, one row per line with its sequence number (``feed.py``);
 - ``folders``: an output folder's mtime when it was last listed and found whole, so a
   no-change run stats a folder instead of listing it;
 - ``meta``: the header (format, version, policy, corpus), the generation, counters.
 
 Each document is recorded in one transaction (its rows, its feed lines, its redirects, its
-stale files' deletes, its in-flight row): SQLite's atomic commit is what the manifest's
+stale files' deletes): SQLite's atomic commit is what the manifest's
 rename was. Only the parent process opens the database for writing; workers never see it.
 """
 

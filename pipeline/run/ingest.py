@@ -238,7 +238,7 @@ class Session:
 
     Crash safety (SPEC §5): before a sync touches a chunk file it records the documents it
     is about to touch (the ``inflight`` rows); each document is then recorded, with its
-    feed lines, in one transaction that also removes its row. A session that finds rows
+    feed lines, in one transaction; the rows are replaced when the sync ends. A session that finds rows
     (or the sweep flag) left by a run that died re-checks those documents against the
     disk (untrusted), sweeps the output for orphans and temp files, and announces in the
     change feed everything the state has not seen: the next run converges to what a
@@ -478,10 +478,11 @@ class Session:
         self.recovering = (self.recovering - touched) | run.unsafe
         sweep_was = self.sweep_due
         self.sweep_due = (self.sweep_due and not sweep_now) or run.left
-        with suppress(Exception):  # harmless if it fails: the next run re-checks a few documents
+        with suppress(Exception):  # harmless if it fails: the next run re-checks what this one touched
             if touched or sweep_now or sweep_was != self.sweep_due or folders.seen:
                 with db.transaction():
-                    db.set_meta(sweep=int(self.sweep_due), written_at=now_iso(), made_since=0)
+                    db.set_inflight(self.recovering, sweep=self.sweep_due)
+                    db.set_meta(written_at=now_iso(), made_since=0)
                     db.set_folder_mtimes({f: m for f, m in folders.seen.items() if f not in run.recorded})
                     db.set_folder_mtimes(_mtimes(opts.out, run.recorded))  # after our last change to them
             if feed_mod.due(db):

@@ -1,8 +1,11 @@
 """Recording a sync in the state database, one document per transaction (SPEC §5, §10).
 
 ``fold`` records one document's result: its rows, its change-feed lines, the removal of
-the chunk files it no longer has, its redirects and the end of its in-flight row, all in
-one transaction, committed right after its files are in place. ``forget`` does the same
+the chunk files it no longer has and its redirects, all in
+one transaction, committed right after its files are in place. Its in-flight row stays
+until the sync ends: a run that dies is re-checked whole by the next (which rewrites and
+announces nothing the state already has), so what spans documents (a rename found by hash,
+a ``doc_uid|r`` collision) is decided again over the same documents. ``forget`` does the same
 for a document that is gone (a rename is found by hash among the chunks made now), and
 ``sweep`` for files no document claims. Every corpus-wide question (who claims a file, is
 an id live, which redirects point at a vanished id) is an indexed query, so recording a
@@ -97,9 +100,7 @@ def fold(result: DocResult, run: Run, rev_width: int | None = None) -> None:
         summary.failures.append(result.error)
         if result.unsafe or rel in run.recovering:
             run.unsafe.add(rel)  # its files may not be what the state says: re-check next time
-        else:  # a failed document keeps its previous chunks, which are whole
-            run.record("", lambda: db.done(rel))
-        return
+        return  # a failed document keeps its previous chunks, which are whole
     summary.bytes += result.size
     summary.added += len(result.added)
     summary.changed += len(result.changed)
@@ -135,8 +136,6 @@ def fold(result: DocResult, run: Run, rev_width: int | None = None) -> None:
         stale = [(i, f) for i, f in enumerate(prev.get("files", ())) if f not in now]
         _remove(run, rel, prev, stale)
         _redirect(run, result.redirects, vanished, live, hashes)
-        if rel not in run.unsafe:
-            db.done(rel)
         _seen_whole(run, rel)
 
     if run.record(rel, work):
@@ -273,7 +272,6 @@ def forget(run: Run, rel: str) -> None:
         _remove(run, rel, entry, list(enumerate(entry.get("files", ()))))
         targets = {new for new, _ in fresh.values()}
         _redirect(run, fresh, list(cids), set(), {t: db.hash_of(t) for t in targets})
-        db.done(rel)
         _seen_whole(run, rel)
 
     if run.record(rel, work):
