@@ -8,11 +8,12 @@ OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: install ingest test lint bench bench-watch bench-retrieval bench-adapters fuzz watch clean
+.PHONY: bench-index
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex]'  # the adapters' tests need both frameworks
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed,index,lancedb]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools
@@ -46,6 +47,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check pipeline
 	$(BIN)/mypy pipeline
 
+.PHONY: test-st
+test-st: $(STAMP) ## the sentence-transformers embedder's tests (extra 'st': torch 2.13.0 CPU + sentence-transformers, ~1.5 GB)
+	$(BIN)/python -m pip install --quiet torch==2.13.0  # here: the CPU wheel on disk; elsewhere add --index-url https://download.pytorch.org/whl/cpu
+	$(BIN)/python -m pip install --quiet -e '.[st]'
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests/test_embed_st.py
+
 bench: $(STAMP) ## throughput against the splitters people use (pip install -e '.[bench]' for the peers)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
@@ -65,6 +72,9 @@ bench-scale: $(STAMP) ## issue 15: one edit, watch save, no-change run, RSS, fee
 
 bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
+
+bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index
+	$(BIN)/python bench/index_bench.py $(BENCH_ARGS)
 
 fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/pytest -q tests/test_fuzz.py

@@ -222,6 +222,21 @@ def line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
 
 
+def reference_encoder(tokenizer: str) -> Callable[[str], list[int]]:
+    """The reference a policy tokenizer's counts are checked against: tiktoken, or for
+    ``wordpiece`` HuggingFace ``tokenizers`` over the vendored tokenizer.json (no special tokens)."""
+    if tokenizer != "wordpiece":
+        return get_encoding(tokenizer).encode_ordinary
+    from tokenizers import Tokenizer
+
+    from pipeline.stages.wordpiece import tokenizer_json
+
+    wordpiece = Tokenizer.from_str(tokenizer_json())
+    wordpiece.no_truncation()
+    wordpiece.no_padding()
+    return lambda text: wordpiece.encode(text, add_special_tokens=False).ids
+
+
 def invariant_errors(
     result: Chunked, heading_starts: list[int] | None = None, *, check_budget: bool = True
 ) -> Iterator[str]:
@@ -236,7 +251,7 @@ def invariant_errors(
     name = result.doc.doc_name
     n = len(recs)
     prev_start = prev_end = -1
-    count = get_encoding(policy.tokenizer).encode_ordinary
+    count = reference_encoder(policy.tokenizer)
     covered = bytearray(len(text))
     for i, r in enumerate(recs):
         cid = r["id"]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.stages.tokens import TOKENIZERS, Counter, get_encoding
+from pipeline.stages.tokens import ENCODINGS, Counter, get_encoding
 
 ALPHABET = [
     *"aZé9 \t\n\n\n./'s|`#-*>)…",
@@ -21,7 +21,7 @@ ALPHABET = [
 texts = st.lists(st.sampled_from(ALPHABET), max_size=40).map("".join)
 
 
-@pytest.fixture(scope="module", params=TOKENIZERS)
+@pytest.fixture(scope="module", params=ENCODINGS)  # wordpiece: tests/test_wordpiece.py
 def counter(request: pytest.FixtureRequest) -> Counter:
     return Counter(request.param)
 

@@ -2,8 +2,9 @@
 
 The answer is first checked against ``schemas/answer.schema.json`` (shape, required
 fields, offsets), then every citation against the chunk it names: the section, the
-source, the offsets, the analyzer and the revision lock. What the chunk store cannot
-see — ``index_hash``, ``embed_model``, the scores — is the loader's to check.
+source, the offsets, the analyzer and the revision lock; ``index_hash`` against the live
+index when the caller passes its hash (``chunkyard check-citations`` reads it from the
+index, when there is one). ``embed_model`` and the scores are the loader's to check.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ CODES: dict[str, tuple[str, str]] = {
     ),
     "unknown_snippet": ("no chunk has this snippet_id", "cite a live chunk_id (see the suggestions)"),
     "redirected_snippet": (
-        "the snippet_id is stale: redirects.json maps it to a new chunk_id",
+        "the snippet_id is stale: the redirect map sends it to a new chunk_id",
         "cite the new chunk_id and re-check its text",
     ),
     "section_mismatch": ("section_id is not the chunk's section_id", _REBUILD),
@@ -58,6 +59,10 @@ CODES: dict[str, tuple[str, str]] = {
     "source_mismatch": ("source_url is not the chunk's source_url", _REBUILD),
     "tokens_mismatch": ("tokens differs from the chunk's count for the whole chunk", _REBUILD),
     "unreadable_chunk": ("the chunk file behind the snippet cannot be read", "run `chunkyard validate`"),
+    "mismatch_index_hash": (
+        "index_hash is not the live index's: the citation came from another index (model or chunks)",
+        "search again against the live index (`chunkyard search ... --json`), or rebuild the index",
+    ),
 }
 for _f in REQUIRED:
     CODES[f"missing_{_f}"] = (f"the citation has no {_f}", "enforce required fields at the chain boundary")
@@ -145,9 +150,18 @@ def load_answer(path: Path) -> tuple[Any, CitationReport | None]:
 
 
 def check_answer(
-    answer: Any, store: ChunkStore, *, allow_cross_section: bool = False, name: str = "answer"
+    answer: Any,
+    store: ChunkStore,
+    *,
+    allow_cross_section: bool = False,
+    name: str = "answer",
+    live_index_hash: str | None = None,
 ) -> CitationReport:
-    """001's validator: the schema first, then each citation against the chunk it names."""
+    """001's validator: the schema first, then each citation against the chunk it names.
+
+    ``live_index_hash``: the live index's ``index_hash`` (the caller reads it from the
+    index; rule 6): a citation that carries another one fails ``mismatch_index_hash``.
+    """
     report = CitationReport(name)
     if isinstance(answer, list):  # a bare citation block
         answer = {"citations": answer}
@@ -175,6 +189,16 @@ def check_answer(
             where = f"{prefix}citations[{i}]"
             rec = _lookup(cit, store, records, where, report)
             _check_fields(cit, rec, where, report)
+            got = cit.get("index_hash")
+            if live_index_hash is not None and isinstance(got, str) and got != live_index_hash:
+                report.problems.append(
+                    Finding(
+                        "mismatch_index_hash",
+                        where,
+                        "index_hash",
+                        f"is {got!r}, the live index's is {live_index_hash!r}",
+                    )
+                )
             section = _section_key(rec)
             if section is None or not fenced:
                 continue

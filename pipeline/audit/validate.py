@@ -120,7 +120,7 @@ CODES: dict[str, tuple[str, str]] = {
         "re-chunking the unchanged source gives a different record (volatile fields aside)",
         _INGEST_FULL,
     ),
-    "bad_redirects": ("redirects.json is not a format-1 redirect map", "run `chunkyard ingest --full`"),
+    "bad_redirects": ("the redirect map cannot be read", "run `chunkyard ingest --full`"),
     "dangling_redirect": (
         "a redirect points to a chunk_id no chunk has",
         "run `chunkyard ingest` (it rewrites the redirect map)",

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from pipeline._version import __version__
-from pipeline.cli import audit, ingest, view
+from pipeline.cli import audit, index, ingest, view
 from pipeline.cli.base import app
 
 app.command("ingest")(ingest.ingest_cmd)
@@ -23,6 +23,8 @@ app.command("validate")(audit.validate_cmd)
 app.command("resolve")(audit.resolve_cmd)
 app.command("check-citations")(audit.check_citations_cmd)
 app.command("view")(view.view_cmd)
+app.command("index")(index.index_cmd)
+app.command("search")(index.search_cmd)
 
 
 def version_callback(value: bool) -> None:

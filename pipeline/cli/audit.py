@@ -135,24 +135,34 @@ def check_citations_cmd(
     allow_cross_section: Annotated[
         bool, typer.Option("--allow-cross-section", help="Let one segment cite several sections.")
     ] = False,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", help="The live index whose index_hash citations must carry (default: OUT's)."
+        ),
+    ] = None,
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Check a RAG answer's citations against the chunk store (001's validator): exit 0 ok, 1 on any problem.
 
     Required per citation: snippet_id (a chunk_id), section_id, source_url, offsets{start,end,unit:"char"},
-    tokens, rev, analyzer. index_hash, embed_model and scores are the loader's to check.
+    tokens, rev, analyzer; index_hash against the live index when there is one (`chunkyard index`).
     """
     from pipeline.audit.citations import check_answer, load_answer
     from pipeline.audit.store import open_store
     from pipeline.cli.render import render_citations
+    from pipeline.index.query import live_index_hash
 
     try:
-        store = open_store(out)
+        chunks = open_store(out)
         data, failed = load_answer(answer)
+        live = live_index_hash(out, store)
     except PipelineError as exc:
         raise usage_error(exc, json_out) from None
-    result = failed or check_answer(data, store, allow_cross_section=allow_cross_section, name=str(answer))
+    result = failed or check_answer(
+        data, chunks, allow_cross_section=allow_cross_section, name=str(answer), live_index_hash=live
+    )
     if json_out:
         sys.stdout.write(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:

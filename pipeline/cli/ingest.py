@@ -9,6 +9,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -101,7 +102,7 @@ def ingest_cmd(
                 on_wait=waiting,
             )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")  # brackets in it are text, not markup
         raise typer.Exit(2) from None
     report(summary, quiet=quiet, json_out=json_out)
     raise typer.Exit(summary.exit_code)
@@ -168,6 +169,13 @@ def watch_cmd(
     ] = False,
     quiet: QuietOpt = False,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON line per event on stdout.")] = False,
+    index: Annotated[
+        bool, typer.Option("--index", help="After each sync, apply the change feed to the index too.")
+    ] = False,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="The index for --index (default OUT/.chunkyard/index.sqlite)."),
+    ] = None,
 ) -> None:
     """Sync once like ingest, then re-chunk each document as it is saved (Ctrl-C stops)."""
     from pipeline.cli.watch import serve  # watchdog is only imported by this command
@@ -193,9 +201,11 @@ def watch_cmd(
             polling=polling,
             quiet=quiet,
             json_out=json_out,
+            index=index,
+            store=store,
         )
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")  # brackets in it are text, not markup
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

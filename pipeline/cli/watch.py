@@ -15,6 +15,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
+from pipeline.errors import PipelineError
 from pipeline.run.ingest import Options
 from pipeline.run.watch import DEFAULT_DEBOUNCE, SyncReport, Watcher
 
@@ -146,18 +147,24 @@ def serve(
     polling: bool = False,
     quiet: bool = False,
     json_out: bool = False,
+    index: bool = False,
+    store: str | None = None,
 ) -> int:
     """Watch until SIGINT or SIGTERM; the exit code: 0, or 1 if documents are failing at the end.
 
     The first signal stops cleanly (the sync under way finishes, pending saves are flushed,
     the lock is released); a second one exits at once, which atomic writes make safe.
+    With ``index``, each sync is followed by ``chunkyard index`` (docs/index.md).
     """
     printer = Printer(opts, out=out, err=err, quiet=quiet, json_out=json_out)
+    on_sync: Any = printer.sync
+    if index:
+        on_sync = _indexing(printer.sync, opts, store, out=out, err=err, quiet=quiet, json_out=json_out)
     watcher = Watcher(
         opts,
         debounce=debounce,
         polling=polling,
-        on_sync=printer.sync,
+        on_sync=on_sync,
         on_wait=printer.waiting,
         on_warning=printer.warning,
     )
@@ -179,3 +186,34 @@ def serve(
             signal.signal(sig, handler)
     printer.stopped(watcher)
     return 1 if watcher.fatal is not None or watcher.failing else 0
+
+
+def _indexing(
+    then: Any, opts: Options, store: str | None, *, out: Console, err: Console, quiet: bool, json_out: bool
+) -> Any:
+    """``on_sync`` that reports the sync, then applies the change feed to the index."""
+    from pipeline.index.sync import index, index_embedder
+
+    embedder: list[Any] = []  #: made on the first run, kept: the model loads once
+
+    def on_sync(report: Any) -> None:
+        then(report)
+        try:
+            if not embedder:
+                embedder.append(index_embedder(opts.out, store))
+            done = index(opts.out, store, embedder[0])
+        except PipelineError as exc:  # the index is as it was; the next save tries again
+            err.print(f"[red]index:[/] {exc}", highlight=False, markup=True)
+            return
+        if json_out:
+            line = {"event": "index", **done.as_dict()}
+            out.file.write(orjson.dumps(line).decode() + "\n")
+            out.file.flush()
+        elif not quiet and (done.added or done.updated or done.moved or done.deleted):
+            out.print(
+                f"indexed: +{done.added} ~{done.updated} moved {done.moved} -{done.deleted} "
+                f"(embedded {done.embedded}) in {done.seconds:.2f} s",
+                highlight=False,
+            )
+
+    return on_sync

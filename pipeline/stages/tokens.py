@@ -27,7 +27,12 @@ _SHA256 = {
     "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
     "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
 }
-TOKENIZERS = tuple(_SHA256)
+#: tiktoken's encodings, counted by toktok.
+ENCODINGS = tuple(_SHA256)
+#: Every ``--tokenizer`` name: tiktoken's encodings, and ``wordpiece``, the default
+#: embedder's own units (all-MiniLM-L6-v2's WordPiece, ``pipeline.stages.wordpiece``),
+#: so that ``--target-tokens 254`` makes chunks that fit the model's 256-wordpiece window.
+TOKENIZERS = (*ENCODINGS, "wordpiece")
 
 
 @cache
@@ -39,7 +44,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
     from there and reuse tiktoken's own regex and special tokens.
     """
     if name not in _SHA256:
-        raise UsageError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}")
+        raise UsageError(f"unknown tiktoken encoding {name!r}; choose one of {', '.join(ENCODINGS)}")
     import tiktoken
     from tiktoken_ext import openai_public
 
@@ -61,7 +66,15 @@ def get_encoding(name: str) -> tiktoken.Encoding:
 
 
 def _toktok_count(name: str) -> Callable[[str], int]:
-    """toktok's counter for ``name``: ordinary text only, ``<|endoftext|>`` is letters."""
+    """toktok's counter for ``name``: ordinary text only, ``<|endoftext|>`` is letters.
+
+    ``wordpiece`` counts with the embedder's WordPiece tokenizer instead (optional
+    ``tokenizers`` package, loaded here, on the first count).
+    """
+    if name == "wordpiece":
+        from pipeline.stages.wordpiece import wordpiece_counter
+
+        return wordpiece_counter()
     if name not in _SHA256:
         raise UsageError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZERS)}")
     import toktok

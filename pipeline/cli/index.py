@@ -1,0 +1,180 @@
+"""`chunkyard index` and `chunkyard search` (SPEC §9): the change feed into a vector store, and queries."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.cli.base import JsonOpt, QuietOpt, WaitOpt, err, out_console, usage_error
+from pipeline.errors import PipelineError
+
+IndexOutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder to index.")]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="Index location: a SQLite file, or lancedb:PATH (default OUT/.chunkyard/index.sqlite).",
+    ),
+]
+EmbedderOpt = Annotated[
+    str | None,
+    typer.Option("--embedder", help="Embedder spec (default: the index's own, else the offline ONNX model)."),
+]
+
+
+def _mismatch(exc: Any, json_out: bool) -> typer.Exit:
+    """An index built with another embedder or analyzer: 001's code, the rebuild command, exit 2."""
+    if json_out:
+        sys.stdout.write(orjson.dumps({"code": exc.code, "ok": False, "error": str(exc)}).decode() + "\n")
+    err.print(f"[red]{exc.code}:[/] {escape(str(exc))}", highlight=False)
+    return typer.Exit(2)
+
+
+def index_cmd(
+    out: IndexOutOpt = Path("chunks"),
+    store: StoreOpt = None,
+    embedder: EmbedderOpt = None,
+    reconcile: Annotated[
+        bool,
+        typer.Option("--reconcile", help="Compare the index with every chunk file; repair what differs."),
+    ] = False,
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Build a new index (e.g. another --embedder) and swap it in.")
+    ] = False,
+    wait: WaitOpt = True,
+    quiet: QuietOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Apply the change feed to the vector index: embed only what changed, delete what went."""
+    from pipeline.index.store import IndexMismatchError
+    from pipeline.index.sync import index
+
+    show = not quiet and not json_out and err.is_terminal
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    )
+    tasks: dict[str, Any] = {}
+
+    def on_progress(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task({"embed": "embedding"}.get(stage, stage), total=total or None)
+        progress.update(tasks[stage], completed=done, total=total or None)
+
+    def on_wait(holder: str) -> None:
+        if not quiet and not json_out:
+            err.print(f"waiting for {escape(holder)} to finish with the index…")
+
+    try:
+        with progress:
+            report = index(
+                out,
+                store,
+                embedder,
+                reconcile=reconcile,
+                rebuild=rebuild,
+                wait=wait,
+                on_progress=on_progress,
+                on_wait=on_wait,
+            )
+    except IndexMismatchError as exc:
+        raise _mismatch(exc, json_out) from None
+    except PipelineError as exc:
+        raise usage_error(exc, json_out) from None
+    if json_out:
+        sys.stdout.write(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    if quiet:
+        return
+    table = Table(title="chunkyard index", title_justify="left", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("count", justify="right")
+    for name in ("added", "updated", "moved", "deleted", "redirected", "embedded", "cache_hits", "skipped"):
+        table.add_row(name.replace("_", " "), str(getattr(report, name)))
+    table.add_row("chunks in the index", str(report.chunks))
+    out_console.print(table)
+    if report.full:
+        out_console.print(f"read every chunk file: {escape(report.reason)}", highlight=False)
+    if report.reconcile:
+        fixed = {k: v for k, v in report.fixed.items() if v}
+        if fixed:
+            for kind, ids in fixed.items():
+                out_console.print(f"fixed {len(ids)} {kind}: {escape(', '.join(ids[:5]))}", highlight=False)
+        else:
+            out_console.print("reconcile: the index equals the chunk files; nothing to fix")
+    if report.truncated:
+        out_console.print(
+            f"[yellow]{report.truncated} chunk(s) exceed the embedder's window of {report.max_tokens} "
+            "wordpieces: only their beginning is embedded[/]"
+        )
+    out_console.print(
+        f"{escape(report.store)} · {escape(report.embed_model)} · index_hash {escape(report.index_hash)} "
+        f"· {report.seconds:.2f} s",
+        highlight=False,
+    )
+
+
+def search_cmd(
+    query: Annotated[str, typer.Argument(metavar="QUERY", help="What to look for (any text).")],
+    out: IndexOutOpt = Path("chunks"),
+    store: StoreOpt = None,
+    k: Annotated[int, typer.Option("-k", "--k", min=1, max=1000, help="How many chunks to return.")] = 10,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid (RRF of both), dense or bm25.")] = "hybrid",
+    embedder: EmbedderOpt = None,
+    quiet: QuietOpt = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print 004's retrieval result record with 001's citations.")
+    ] = False,
+) -> None:
+    """Search the index: ranked chunks with their source, lines and citation payload."""
+    from pipeline.index.query import search
+    from pipeline.index.store import IndexMismatchError
+
+    try:
+        record = search(out, query, k=k, mode=mode, store=store, embedder=embedder)
+    except IndexMismatchError as exc:
+        raise _mismatch(exc, json_out) from None
+    except PipelineError as exc:
+        raise usage_error(exc, json_out) from None
+    if json_out:
+        sys.stdout.write(orjson.dumps(record, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    for warning in record["warnings"]:
+        err.print(f"[yellow]{escape(warning)}[/]")
+    if quiet:
+        for item in record["items"]:
+            out_console.print(
+                f"{item['file']}:{item['lineSpan']['lineStart']}\t{item['snippet_id']}", markup=False
+            )
+        return
+    table = Table(title=f"chunkyard search ({mode}, index {record['index_hash']})", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("source:line", style="cyan", no_wrap=True)
+    table.add_column("section")
+    table.add_column("snippet")
+    for item in record["items"]:
+        snippet = " ".join(item["text"].split())
+        table.add_row(
+            str(item["k_final"]),
+            f"{item['score_norm']:.3f}",
+            Text(f"{item['file']}:{item['lineSpan']['lineStart']}"),
+            Text(item["breadcrumb"] or item["title"]),
+            Text(snippet[:160] + ("…" if len(snippet) > 160 else "")),
+        )
+    out_console.print(table)
+    if not record["items"] and not record["warnings"]:
+        out_console.print("no chunk matched")

@@ -1,0 +1,84 @@
+"""Index identity (001 rule 6): what ``index_hash`` covers, and the refusals it backs.
+
+``index_hash`` = ``<store kind>:`` + 16 hex of blake3 over the index's configuration —
+embedder name, dimension, normalisation, the BM25 analyzer, the chunk policies
+(``policyHash`` of the indexed chunks) — and a digest of the indexed ``(chunk_id, hash)``
+set. It is recomputed in every commit and stored in the index's meta; a citation whose
+``index_hash`` differs was retrieved from another index (another model, or other chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import blake3
+import orjson
+
+from pipeline.index.store import IndexMismatchError
+
+FORMAT = "1"  #: the store layout's version, in meta ``format``
+
+
+def embedder_config(embedder: Any) -> dict[str, str]:
+    """The meta strings that pin the embedder: name, dimension, normalisation, window."""
+    return {
+        "embed_model": str(embedder.name),
+        "dim": str(int(embedder.dim)),
+        "normalized": "true" if embedder.normalized else "false",
+        "max_tokens": str(int(embedder.max_tokens)),
+    }
+
+
+def set_digest(pairs: Iterable[tuple[str, str]]) -> str:
+    """blake3 over the sorted ``(chunk_id, hash)`` pairs: the indexed content, order-free."""
+    hasher = blake3.blake3()
+    for cid, h in sorted(pairs):
+        hasher.update(f"{cid}\t{h}\n".encode())
+    return hasher.hexdigest()[:32]
+
+
+def index_hash(kind: str, meta: Mapping[str, str], policies: Iterable[str], content: str) -> str:
+    """``<kind>:<16 hex>`` over the configuration in ``meta``, the chunk policies and ``content``."""
+    config = {
+        "embed_model": meta.get("embed_model", ""),
+        "dim": meta.get("dim", ""),
+        "normalized": meta.get("normalized", ""),
+        "analyzer": meta.get("analyzer", ""),
+        "policies": sorted(set(policies)),
+        "content": content,
+    }
+    return f"{kind}:{blake3.blake3(orjson.dumps(config, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]}"
+
+
+def rebuild_hint(out: str, store: str | None, spec: str | None) -> str:
+    """The command that rebuilds the index with the given embedder."""
+    parts = ["chunkyard index", f"--out {out}"]
+    if store:
+        parts.append(f"--store {store}")
+    if spec:
+        parts.append(f"--embedder {spec}")
+    return " ".join([*parts, "--rebuild"])
+
+
+def check_compatible(stored: Mapping[str, str], wanted: Mapping[str, str], *, where: str, hint: str) -> None:
+    """Refuse another embedder (``mismatch_index_hash``) or analyzer (``analyzer_mismatch``).
+
+    ``stored``: the index's meta (empty for a new index: anything goes). ``wanted``: the
+    run's or the query's embedder config plus ``analyzer``.
+    """
+    if not stored.get("embed_model"):
+        return
+    for key in ("embed_model", "dim", "normalized"):
+        if key in wanted and stored.get(key) != wanted[key]:
+            raise IndexMismatchError(
+                "mismatch_index_hash",
+                f"{where}: the index was built with {key} {stored.get(key)!r}, this run uses "
+                f"{wanted[key]!r}: vectors of two models never mix (hint: rebuild it: `{hint}`)",
+            )
+    if "analyzer" in wanted and stored.get("analyzer") != wanted["analyzer"]:
+        raise IndexMismatchError(
+            "analyzer_mismatch",
+            f"{where}: the index's BM25 analyzer is {stored.get('analyzer')!r}, this chunkyard reads with "
+            f"{wanted['analyzer']!r} (hint: rebuild it: `{hint}`)",
+        )

@@ -1,0 +1,277 @@
+"""The second store: a LanceDB folder (extra ``lancedb``), for when one SQLite file is not enough.
+
+Tables ``chunks`` (payload, analyzed text, vector) and ``cache`` ((model, digest) → vector),
+plus ``meta.json``. Upserts are ``merge_insert`` on ``chunk_id``; deletes ``delete(IN …)``.
+LanceDB has no transaction across tables, so ``commit`` orders its steps: rows in, rows
+out, the FTS index rebuilt, then ``meta.json`` (the cursor) replaced atomically. A run
+killed in between leaves the cursor behind its writes; the next run replays the same
+changes, which are idempotent (at-least-once, where SQLite gives exactly-once). Each
+commit is a new table version: ``optimize()`` compacts them every few runs.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipeline.errors import UsageError
+from pipeline.index.analyzer import LANCE_ANALYZER, analyze
+from pipeline.index.store import ChunkRow, RowState, StoreError, Vector
+
+META = "meta.json"
+OPTIMIZE_EVERY = 10  #: commits between compactions
+_COLUMNS = ["chunk_id", "file", "hash", "digest", "row_digest", "policy_hash", "model_tokens"]
+
+
+def _quote(values: Collection[str]) -> str:
+    return ",".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+class LanceStore:
+    """``VectorStore`` over a LanceDB folder (see the module docstring)."""
+
+    kind = "lancedb"
+    analyzer = LANCE_ANALYZER
+
+    def __init__(self, path: Path, dim: int | None = None) -> None:
+        try:
+            import lancedb
+            import pyarrow as pa
+        except ImportError as exc:
+            raise UsageError(
+                f"the LanceDB store needs lancedb ({exc.name} is missing) (hint: pip install 'chunkyard[lancedb]')"
+            ) from None
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._pa = pa
+        self._db = lancedb.connect(str(self.path))
+        self._dim = dim or int(self.meta().get("dim", "0") or 0)
+        self._chunks: Any = self._open("chunks")
+        self._cache: Any = self._open("cache")
+
+    def _open(self, name: str) -> Any:
+        try:
+            return self._db.open_table(name)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _schema(self, name: str) -> Any:
+        pa, dim = self._pa, self._dim
+        vector = pa.field("vector", pa.list_(pa.float32(), dim))
+        if name == "cache":
+            return pa.schema(
+                [
+                    pa.field("key", pa.string()),
+                    vector,
+                    pa.field("tokens", pa.int64()),
+                    pa.field("used", pa.int64()),
+                ]
+            )
+        text = [
+            pa.field(c, pa.string())
+            for c in ("doc_id", "section_id", "source_file", "text", "body", "payload")
+        ]
+        head = [pa.field(c, pa.string()) for c in _COLUMNS[:-1]] + [pa.field("model_tokens", pa.int64())]
+        return pa.schema([*head, *text, vector])
+
+    def _table(self, name: str) -> Any:
+        table = self._chunks if name == "chunks" else self._cache
+        if table is None:
+            if not self._dim:
+                raise StoreError(
+                    f"{self.path}: the index has no vectors yet (hint: run `chunkyard index` first)"
+                )
+            table = self._db.create_table(name, schema=self._schema(name), exist_ok=True)
+            if name == "chunks":
+                self._chunks = table
+            else:
+                self._cache = table
+        return table
+
+    # --- reading --------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        try:
+            data = orjson.loads((self.path / META).read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise StoreError(
+                f"{self.path / META}: unreadable ({exc}) (hint: rebuild with --rebuild)"
+            ) from None
+        return {str(k): str(v) for k, v in data.items()}
+
+    def _scan(self, table: Any, where: str | None, columns: list[str]) -> list[dict[str, Any]]:
+        if table is None:
+            return []
+        query = table.search()
+        if where:
+            query = query.where(where)
+        rows: list[dict[str, Any]] = query.select(columns).limit(None).to_list()
+        return rows
+
+    def states(self) -> dict[str, RowState]:
+        return {
+            r["chunk_id"]: RowState(
+                r["file"], r["hash"], r["digest"], r["row_digest"], int(r["model_tokens"]), r["policy_hash"]
+            )
+            for r in self._scan(self._chunks, None, _COLUMNS)
+        }
+
+    def rows(self, chunk_ids: Collection[str]) -> dict[str, ChunkRow]:
+        if not chunk_ids:
+            return {}
+        found = self._scan(self._chunks, f"chunk_id IN ({_quote(chunk_ids)})", ["chunk_id", "payload"])
+        return {r["chunk_id"]: ChunkRow.from_json(r["payload"]) for r in found}
+
+    def _vectors(self, chunk_ids: Collection[str]) -> dict[str, Vector]:
+        if not chunk_ids:
+            return {}
+        found = self._scan(self._chunks, f"chunk_id IN ({_quote(chunk_ids)})", ["chunk_id", "vector"])
+        return {r["chunk_id"]: np.asarray(r["vector"], dtype=np.float32) for r in found}
+
+    def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
+        if not digests:
+            return {}
+        keys = [f"{model}\t{d}" for d in digests]
+        found = self._scan(self._cache, f"key IN ({_quote(keys)})", ["key", "vector", "tokens"])
+        return {
+            r["key"].split("\t", 1)[1]: (np.asarray(r["vector"], dtype=np.float32), int(r["tokens"]))
+            for r in found
+        }
+
+    def dense(self, vector: Vector, k: int) -> list[tuple[str, float]]:
+        if self._chunks is None or k <= 0:
+            return []
+        found = (
+            self._chunks.search(np.asarray(vector, dtype=np.float32))
+            .distance_type("cosine")
+            .limit(k)
+            .select(["chunk_id", "_distance"])
+            .to_list()
+        )
+        hits = [(r["chunk_id"], 1.0 - float(r["_distance"])) for r in found]
+        hits.sort(key=lambda h: (-h[1], h[0]))
+        return hits
+
+    def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]]:
+        if self._chunks is None or not terms or k <= 0:
+            return []
+        from lancedb import query as lq
+
+        phrase: Any = lq.PhraseQuery  # a pydantic model: its defaults are invisible to mypy
+        query = lq.BooleanQuery([(lq.Occur.SHOULD, phrase(t, "body")) for t in terms])
+        try:
+            found = (
+                self._chunks.search(query, query_type="fts").limit(k).select(["chunk_id", "_score"]).to_list()
+            )
+        except (ValueError, RuntimeError):  # no FTS index yet (an empty table)
+            return []
+        hits = [(r["chunk_id"], float(r["_score"])) for r in found]
+        hits.sort(key=lambda h: (-h[1], h[0]))
+        return hits
+
+    def substring(self, needle: str, k: int) -> list[tuple[str, float]]:
+        if not needle or k <= 0:
+            return []
+        hits = [
+            (r["chunk_id"], float(r["text"].count(needle)))
+            for r in self._scan(self._chunks, None, ["chunk_id", "text"])
+            if needle in r["text"]
+        ]
+        hits.sort(key=lambda h: (-h[1], h[0]))
+        return hits[:k]
+
+    # --- writing --------------------------------------------------------------------------
+
+    def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
+        if not entries:
+            return
+        generation = int(self.meta().get("generation", "0"))
+        rows = [
+            {
+                "key": f"{model}\t{d}",
+                "vector": np.asarray(v, dtype=np.float32),
+                "tokens": t,
+                "used": generation,
+            }
+            for d, (v, t) in entries.items()
+        ]
+        self._table("cache").merge_insert(
+            "key"
+        ).when_matched_update_all().when_not_matched_insert_all().execute(rows)
+
+    def commit(
+        self,
+        upserts: Sequence[tuple[ChunkRow, Vector | None]],
+        deletes: Collection[str],
+        meta: Mapping[str, str],
+        *,
+        model: str,
+    ) -> None:
+        kept = self._vectors([row.chunk_id for row, v in upserts if v is None])
+        rows = []
+        for row, vector in upserts:
+            vec = vector if vector is not None else kept.get(row.chunk_id)
+            if vec is None:
+                raise StoreError(f"{self.path}: {row.chunk_id} has no vector to keep (hint: --reconcile)")
+            rows.append(
+                {
+                    "chunk_id": row.chunk_id,
+                    "file": row.file,
+                    "hash": row.hash,
+                    "digest": row.digest,
+                    "row_digest": row.row_digest,
+                    "policy_hash": row.policy_hash,
+                    "model_tokens": row.model_tokens,
+                    "doc_id": row.doc_id,
+                    "section_id": row.section_id,
+                    "source_file": row.source_file,
+                    "text": row.text,
+                    "body": analyze(row.embed_text),
+                    "payload": row.to_json().decode(),
+                    "vector": np.asarray(vec, dtype=np.float32),
+                }
+            )
+        table = self._table("chunks")
+        if rows:
+            table.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all().execute(
+                rows
+            )
+        doomed = sorted(deletes)
+        for i in range(0, len(doomed), 500):
+            table.delete(f"chunk_id IN ({_quote(doomed[i : i + 500])})")
+        if rows or doomed or self._needs_fts(table):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore")  # create_fts_index's deprecation notice
+                table.create_fts_index(
+                    "body",
+                    replace=True,
+                    with_position=True,
+                    remove_stop_words=False,
+                    stem=True,
+                    ascii_folding=True,
+                )
+        generation = int(meta.get("generation", "0"))
+        if self._cache is not None and generation % OPTIMIZE_EVERY == 0:
+            for t in (table, self._cache):
+                t.optimize()
+        tmp = self.path / (META + ".tmp")
+        tmp.write_bytes(orjson.dumps(dict(meta), option=orjson.OPT_SORT_KEYS))
+        os.replace(tmp, self.path / META)
+
+    def _needs_fts(self, table: Any) -> bool:
+        try:
+            return not any("body" in (getattr(i, "columns", None) or []) for i in table.list_indices())
+        except (AttributeError, RuntimeError):
+            return True
+
+    def close(self) -> None:
+        self._chunks = self._cache = None

@@ -1,0 +1,241 @@
+"""``chunkyard search``: BM25, dense, or both fused by reciprocal rank (k = 60), with citations.
+
+The answer is 004's retrieval result record (``schemas/search.schema.json``): the
+envelope, ``q_id``, ``ranker``, ``k`` and ``items``; every item carries 001's citation
+payload, its ``features`` {bm25, dense} and the text. Order is deterministic: score_norm
+descending, then ``section_id``, then ``snippet_id`` (001 rule 5).
+
+Scores: ``score_raw`` is the ranker's own (BM25 positive, higher is better; cosine
+similarity; the RRF sum); ``score_norm`` maps it into [0, 1] without looking at the other
+hits (BM25 s/(1+s), cosine (1+c)/2, RRF divided by its maximum 2/61), so it never makes
+ties that the raw scores did not have.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import blake3
+
+from pipeline.errors import UsageError
+from pipeline.index.analyzer import query_terms
+from pipeline.index.identity import check_compatible, rebuild_hint
+from pipeline.index.store import ChunkRow, VectorStore, open_store, store_spec
+
+MODES = ("hybrid", "dense", "bm25")
+RRF_K = 60
+#: Each ranker's list in hybrid mode is this deep (or k, when k is larger).
+FUSE_DEPTH = 50
+SCHEMA_VERSION = "1.0.0"
+#: A substring fallback (a query with no BM25 term, or none that matched) looks at most this far.
+MAX_NEEDLE = 200
+
+
+class Searcher:
+    """An open index, ready for many queries (the eval asks hundreds).
+
+    ``searcher(query, mode, k)`` returns the items (``pipeline.evaluate.run.SearchFn``);
+    ``searcher.record(query, k, mode)`` the whole 004 record.
+    """
+
+    def __init__(self, out: Path | str, store: str | Path | None = None, embedder: Any = None) -> None:
+        self.out = Path(out)
+        self.db: VectorStore = open_store(self.out, store)
+        self.meta = self.db.meta()
+        if not self.meta.get("embed_model"):
+            self.db.close()
+            raise UsageError(f"{self.db.path}: the index is empty (hint: `chunkyard index --out {out}`)")
+        self._embedder = embedder
+        self._store_arg = store
+        hint = rebuild_hint(str(out), str(store) if store else None, None)
+        wanted: dict[str, str] = {"analyzer": self.db.analyzer}
+        if embedder is not None and not isinstance(embedder, str):
+            from pipeline.index.identity import embedder_config
+
+            wanted.update(embedder_config(embedder))
+        elif isinstance(embedder, str):
+            wanted.update(self._config_of(embedder))
+        check_compatible(self.meta, wanted, where=str(self.db.path), hint=hint)
+
+    def _config_of(self, spec: str) -> dict[str, str]:
+        from pipeline.index.identity import embedder_config
+
+        self._embedder = self._make(spec)
+        return embedder_config(self._embedder)
+
+    @staticmethod
+    def _make(spec: str) -> Any:
+        from pipeline.index.embedders import make_embedder
+
+        return make_embedder(spec)
+
+    @property
+    def embedder(self) -> Any:
+        if self._embedder is None or isinstance(self._embedder, str):
+            self._embedder = self._make(self._embedder or self.meta.get("embed_spec") or "default")
+        return self._embedder
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __call__(self, query: str, mode: str = "hybrid", k: int = 10) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.record(query, k, mode)["items"]
+        return items
+
+    def record(self, query: str, k: int = 10, mode: str = "hybrid") -> dict[str, Any]:
+        """004's retrieval result record for ``query``: the best ``k`` chunks by ``mode``."""
+        if mode not in MODES:
+            raise UsageError(f"unknown search mode {mode!r} (hint: one of {', '.join(MODES)})")
+        if k < 1:
+            raise UsageError(f"k must be at least 1, got {k}")
+        warnings: list[str] = []
+        ranked: list[tuple[str, float, dict[str, float | None], int]] = []
+        if not query.strip():
+            warnings.append("empty query: nothing to search for")
+        else:
+            ranked = self._rank(query, mode, k, warnings)
+        rows = self.db.rows([cid for cid, *_ in ranked])
+        items = [
+            self._item(rows[cid], score, features, k_pos, mode)
+            for cid, score, features, k_pos in ranked
+            if cid in rows
+        ]
+        items.sort(key=lambda it: (-it["score_norm"], it["section_id"], it["snippet_id"]))
+        items = items[:k]
+        for final, item in enumerate(items, 1):
+            item["k_final"] = final
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "event": "retrieve.run",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "trace_id": str(uuid.uuid4()),
+            "agent_id": "retriever",
+            "mem_rev": f"r{self.meta.get('generation', '0')}",
+            "mem_hash": self.meta.get("index_hash", ""),
+            "q_id": "q_" + blake3.blake3(query.encode("utf-8")).hexdigest()[:16],
+            "query": query,
+            "ranker": mode,
+            "k": k,
+            "index_hash": self.meta.get("index_hash", ""),
+            "embed_model": self.meta.get("embed_model", ""),
+            "analyzer": self.meta.get("analyzer", self.db.analyzer),
+            "store": self.db.kind,
+            "warnings": warnings,
+            "items": items,
+        }
+
+    def _rank(
+        self, query: str, mode: str, k: int, warnings: list[str]
+    ) -> list[tuple[str, float, dict[str, float | None], int]]:
+        """``(chunk_id, score_raw, features, k_pos)`` candidates, before the tie-break."""
+        depth = max(k, FUSE_DEPTH) if mode == "hybrid" else k
+        bm25: list[tuple[str, float]] = []
+        dense: list[tuple[str, float]] = []
+        if mode in ("hybrid", "bm25"):
+            bm25 = self.db.lexical(query_terms(query), depth)
+            if not bm25:
+                needle = " ".join(query.split())[:MAX_NEEDLE]
+                bm25 = self.db.substring(needle, depth)
+                if bm25:
+                    warnings.append("no BM25 term matched: chunks containing the query's text instead")
+        if mode in ("hybrid", "dense"):
+            vector = self.embedder.embed([query])[0]
+            dense = self.db.dense(vector, depth)
+        lex = {cid: (rank, score) for rank, (cid, score) in enumerate(bm25, 1)}
+        vec = {cid: (rank, score) for rank, (cid, score) in enumerate(dense, 1)}
+        out: list[tuple[str, float, dict[str, float | None], int]] = []
+        for cid in sorted(lex.keys() | vec.keys()):
+            features = {
+                "bm25": lex[cid][1] if cid in lex else None,
+                "dense": vec[cid][1] if cid in vec else None,
+            }
+            if mode == "bm25":
+                out.append((cid, lex[cid][1], features, lex[cid][0]))
+            elif mode == "dense":
+                out.append((cid, vec[cid][1], features, vec[cid][0]))
+            else:
+                ranks = [pair[0] for pair in (lex.get(cid), vec.get(cid)) if pair is not None]
+                out.append((cid, sum(1.0 / (RRF_K + r) for r in ranks), features, min(ranks)))
+        return out
+
+    def _item(
+        self, row: ChunkRow, score: float, features: Mapping[str, float | None], k_pos: int, mode: str
+    ) -> dict[str, Any]:
+        return {
+            "chunk_id": row.chunk_id,
+            "doc_id": row.doc_id,
+            "section_id": row.section_id,
+            "snippet_id": row.chunk_id,
+            "source_url": row.source_url,
+            "offsets": {"start": row.start, "end": row.end, "unit": "char"},
+            "tokens": row.tokens,
+            "index_hash": self.meta.get("index_hash", ""),
+            "embed_model": self.meta.get("embed_model", ""),
+            "analyzer": row.analyzer,
+            "rev": row.rev,
+            "score": normalize(score, mode),
+            "score_raw": score,
+            "score_norm": normalize(score, mode),
+            "k_pos": k_pos,
+            "k_final": 0,
+            "source": mode,
+            "features": dict(features),
+            "file": row.source_file,
+            "chunk_file": row.file,
+            "lineSpan": {"lineStart": row.line_start, "lineEnd": row.line_end},
+            "title": row.title,
+            "breadcrumb": row.breadcrumb,
+            "text": row.text,
+        }
+
+
+def normalize(score: float, mode: str) -> float:
+    """``score_norm`` in [0, 1] from the raw score alone (see the module docstring)."""
+    if mode == "bm25":
+        return score / (1.0 + score) if score > 0 else 0.0
+    if mode == "dense":
+        return min(1.0, max(0.0, (1.0 + score) / 2.0))
+    return min(1.0, score / (2.0 / (RRF_K + 1)))
+
+
+def search(
+    out: Path | str,
+    query: str,
+    k: int = 10,
+    mode: str = "hybrid",
+    store: str | Path | None = None,
+    embedder: Any = None,
+) -> dict[str, Any]:
+    """One query against the index of the chunk folder ``out``: 004's retrieval result record.
+
+    Raises:
+        UsageError: no index, an unknown mode, ``k`` < 1.
+        IndexMismatchError: ``embedder`` (or this chunkyard's analyzer) differs from the index's.
+    """
+    with Searcher(out, store, embedder) as searcher:
+        return searcher.record(query, k, mode)
+
+
+def live_index_hash(out: Path | str, store: str | Path | None = None) -> str | None:
+    """The live index's ``index_hash`` (for ``check-citations``), ``None`` when there is no index."""
+    _, path = store_spec(Path(out), store)
+    if not path.exists():
+        return None
+    db = open_store(Path(out), store)
+    try:
+        return db.meta().get("index_hash") or None
+    finally:
+        db.close()
+
+
+__all__: Sequence[str] = ("MODES", "Searcher", "live_index_hash", "normalize", "search")

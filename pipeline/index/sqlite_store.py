@@ -1,0 +1,314 @@
+"""The default store: one SQLite file with sqlite-vec (vectors) and FTS5 (BM25).
+
+Why ``apsw`` and not ``pysqlite3-binary``: the stdlib ``sqlite3`` of many Pythons (this
+machine's pyenv build among them) cannot load extensions; ``apsw`` can, ships wheels for
+Linux, macOS and Windows with a current SQLite (FTS5 built in), and leaves transactions to
+us (no implicit ``BEGIN``), which is what an all-or-nothing ``commit`` needs.
+``pysqlite3-binary`` publishes Linux wheels only.
+
+Tables: ``meta`` (key → value), ``chunks`` (the payload; its rowid is the FTS row's),
+``vectors`` (``vec0``, ``chunk_id TEXT PRIMARY KEY``, cosine), ``fts`` (FTS5 over the
+analyzed ``embedText``) and ``embed_cache`` ((model, digest) → vector, token count, the
+generation that last used it). sqlite-vec 0.1.9 has no upsert: a changed vector is
+DELETE + INSERT, inside the run's one transaction. WAL mode: ``search`` reads the last
+committed index while ``index`` writes the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import UsageError
+from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, analyze, fts5_query
+from pipeline.index.store import ChunkRow, RowState, StoreError, Vector
+
+#: Cache entries no live chunk uses are kept this many runs (an edit undone, a file moved
+#: out and back in, cost no embedding), then pruned.
+CACHE_RUNS = 5
+_BATCH = 500  #: ids per ``IN (...)`` list
+
+
+def _connect(path: Path) -> Any:
+    try:
+        import apsw
+        import sqlite_vec
+    except ImportError as exc:
+        raise UsageError(
+            f"the SQLite index needs apsw and sqlite-vec ({exc.name} is missing) "
+            "(hint: pip install 'chunkyard[index]')"
+        ) from None
+    try:
+        conn = apsw.Connection(str(path))
+        conn.set_busy_timeout(10_000)
+        conn.enable_load_extension(True)
+        conn.load_extension(sqlite_vec.loadable_path())
+        conn.enable_load_extension(False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a killed process loses nothing committed
+    except apsw.Error as exc:
+        raise StoreError(f"{path}: cannot open the index ({exc}) (hint: is it a chunkyard index?)") from None
+    return conn
+
+
+class SqliteStore:
+    """``VectorStore`` over one SQLite file (see the module docstring for the layout)."""
+
+    kind = "sqlite-vec"
+    analyzer = ANALYZER
+
+    def __init__(self, path: Path, dim: int | None = None) -> None:
+        import apsw
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = _connect(self.path)
+        self._dim = dim
+        self._vectors_exist = False
+        try:
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+                "CREATE TABLE IF NOT EXISTS chunks(chunk_id TEXT NOT NULL UNIQUE, file TEXT NOT NULL,"
+                " hash TEXT NOT NULL, digest TEXT NOT NULL, row_digest TEXT NOT NULL,"
+                " model_tokens INTEGER NOT NULL, policy_hash TEXT NOT NULL, doc_id TEXT NOT NULL,"
+                " section_id TEXT NOT NULL,"
+                " source_file TEXT NOT NULL, text TEXT NOT NULL, payload BLOB NOT NULL);"
+                "CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);"
+                "CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source_file);"
+                f"CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tokenize='{FTS5_TOKENIZE}');"
+                "CREATE TABLE IF NOT EXISTS embed_cache(model TEXT NOT NULL, digest TEXT NOT NULL,"
+                " vector BLOB NOT NULL, tokens INTEGER NOT NULL, used INTEGER NOT NULL,"
+                " PRIMARY KEY(model, digest)) WITHOUT ROWID;"
+            )
+        except apsw.Error as exc:
+            raise StoreError(f"{self.path}: cannot set up the index ({exc})") from None
+
+    # --- reading --------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self._conn.execute("SELECT key, value FROM meta")}
+
+    def states(self) -> dict[str, RowState]:
+        return {
+            cid: RowState(file, h, digest, row_digest, int(tokens), policy)
+            for cid, file, h, digest, row_digest, tokens, policy in self._conn.execute(
+                "SELECT chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash FROM chunks"
+            )
+        }
+
+    def rows(self, chunk_ids: Collection[str]) -> dict[str, ChunkRow]:
+        found: dict[str, ChunkRow] = {}
+        for part in _parts(list(chunk_ids)):
+            marks = ",".join("?" * len(part))
+            for cid, payload in self._conn.execute(
+                f"SELECT chunk_id, payload FROM chunks WHERE chunk_id IN ({marks})", part
+            ):
+                found[cid] = ChunkRow.from_json(payload)
+        return found
+
+    def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
+        found: dict[str, tuple[Vector, int]] = {}
+        for part in _parts(list(digests)):
+            marks = ",".join("?" * len(part))
+            for digest, blob, tokens in self._conn.execute(
+                f"SELECT digest, vector, tokens FROM embed_cache WHERE model = ? AND digest IN ({marks})",
+                [model, *part],
+            ):
+                found[digest] = (np.frombuffer(blob, dtype=np.float32), int(tokens))
+        return found
+
+    def dense(self, vector: Vector, k: int) -> list[tuple[str, float]]:
+        if not self._has_vectors() or k <= 0:
+            return []
+        query = np.asarray(vector, dtype=np.float32).tobytes()
+        hits = [
+            (cid, 1.0 - float(dist))
+            for cid, dist in self._conn.execute(
+                "SELECT chunk_id, distance FROM vectors WHERE embedding MATCH ? AND k = ? ORDER BY distance",
+                (query, min(k, 4096)),  # vec0's limit on k
+            )
+        ]
+        hits.sort(key=lambda h: (-h[1], h[0]))
+        return hits
+
+    def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]]:
+        if not terms or k <= 0:
+            return []
+        return [
+            (cid, -float(score))
+            for cid, score in self._conn.execute(
+                "SELECT c.chunk_id, bm25(fts) AS s FROM fts JOIN chunks c ON c.rowid = fts.rowid "
+                "WHERE fts MATCH ? ORDER BY s, c.chunk_id LIMIT ?",
+                (fts5_query(list(terms)), k),
+            )
+        ]
+
+    def substring(self, needle: str, k: int) -> list[tuple[str, float]]:
+        if not needle or k <= 0:
+            return []
+        hits = [
+            (cid, float((len(text) - len(text.replace(needle, ""))) // len(needle)))
+            for cid, text in self._conn.execute(
+                "SELECT chunk_id, text FROM chunks WHERE instr(text, ?) > 0", (needle,)
+            )
+        ]
+        hits.sort(key=lambda h: (-h[1], h[0]))
+        return hits[:k]
+
+    # --- writing --------------------------------------------------------------------------
+
+    def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
+        if not entries:
+            return
+        generation = int(self.meta().get("generation", "0"))
+        with self._transaction():
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO embed_cache(model, digest, vector, tokens, used) VALUES (?,?,?,?,?)",
+                [
+                    (model, d, np.asarray(v, dtype=np.float32).tobytes(), t, generation)
+                    for d, (v, t) in entries.items()
+                ],
+            )
+
+    def commit(
+        self,
+        upserts: Sequence[tuple[ChunkRow, Vector | None]],
+        deletes: Collection[str],
+        meta: Mapping[str, str],
+        *,
+        model: str,
+    ) -> None:
+        generation = int(meta.get("generation", "0"))
+        with self._transaction():
+            if upserts and any(v is not None for _, v in upserts):
+                self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
+            for cid in sorted(deletes):
+                self._drop(cid, keep_vector=False)
+            for row, vector in upserts:
+                self._put(row, vector)
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", sorted(meta.items())
+            )
+            self._conn.execute(
+                "UPDATE embed_cache SET used = ? WHERE model = ? AND digest IN (SELECT digest FROM chunks)",
+                (generation, model),
+            )
+            self._conn.execute(
+                "DELETE FROM embed_cache WHERE used < ? AND digest NOT IN (SELECT digest FROM chunks)",
+                (generation - CACHE_RUNS,),
+            )
+
+    def checkpoint(self) -> None:
+        """Move the WAL into the database file and empty it (before the file is swapped out)."""
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # --- inside ---------------------------------------------------------------------------
+
+    def _has_vectors(self) -> bool:
+        if not self._vectors_exist:
+            self._vectors_exist = bool(
+                list(self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='vectors'"))
+            )
+        return self._vectors_exist
+
+    def _ensure_vectors(self, dim: int) -> None:
+        if not self._has_vectors():
+            self._conn.execute(
+                f"CREATE VIRTUAL TABLE vectors USING vec0(chunk_id TEXT PRIMARY KEY, "
+                f"embedding float[{int(dim)}] distance_metric=cosine)"
+            )
+
+    def _drop(self, cid: str, *, keep_vector: bool) -> None:
+        found = list(self._conn.execute("SELECT rowid FROM chunks WHERE chunk_id = ?", (cid,)))
+        if found:
+            self._conn.execute("DELETE FROM fts WHERE rowid = ?", (found[0][0],))
+            self._conn.execute("DELETE FROM chunks WHERE rowid = ?", (found[0][0],))
+        if not keep_vector and self._has_vectors():
+            self._conn.execute("DELETE FROM vectors WHERE chunk_id = ?", (cid,))
+
+    def _put(self, row: ChunkRow, vector: Vector | None) -> None:
+        """Replace (or add) one row; a ``None`` vector keeps the stored one (same text)."""
+        if vector is None:  # the same embedded text: vector and FTS row stay, the payload moves
+            self._conn.execute(
+                "UPDATE chunks SET file = ?, hash = ?, row_digest = ?, model_tokens = ?, policy_hash = ?,"
+                " doc_id = ?, section_id = ?, source_file = ?, text = ?, payload = ? WHERE chunk_id = ?",
+                (
+                    row.file,
+                    row.hash,
+                    row.row_digest,
+                    row.model_tokens,
+                    row.policy_hash,
+                    row.doc_id,
+                    row.section_id,
+                    row.source_file,
+                    row.text,
+                    row.to_json(),
+                    row.chunk_id,
+                ),
+            )
+            if self._conn.changes():
+                return
+        self._drop(row.chunk_id, keep_vector=vector is None)
+        self._conn.execute(
+            "INSERT INTO chunks(chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash,"
+            " doc_id, section_id, source_file, text, payload) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                row.chunk_id,
+                row.file,
+                row.hash,
+                row.digest,
+                row.row_digest,
+                row.model_tokens,
+                row.policy_hash,
+                row.doc_id,
+                row.section_id,
+                row.source_file,
+                row.text,
+                row.to_json(),
+            ),
+        )
+        rowid = self._conn.last_insert_rowid()
+        self._conn.execute("INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, analyze(row.embed_text)))
+        if vector is not None:
+            self._conn.execute(
+                "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",
+                (row.chunk_id, np.asarray(vector, dtype=np.float32).tobytes()),
+            )
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception (a SIGKILL: SQLite's WAL)."""
+        import apsw
+
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except apsw.Error as exc:
+            raise StoreError(
+                f"{self.path}: the index is locked by another writer ({exc}) "
+                "(hint: wait for it, or find the process holding the file)"
+            ) from None
+        try:
+            yield
+            self._conn.execute("COMMIT")
+        except apsw.Error as exc:
+            if not self._conn.get_autocommit():
+                self._conn.execute("ROLLBACK")
+            raise StoreError(
+                f"{self.path}: the index could not be written ({exc}); it is as it was"
+            ) from None
+        except BaseException:
+            if not self._conn.get_autocommit():
+                self._conn.execute("ROLLBACK")
+            raise
+
+
+def _parts(items: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(items), _BATCH):
+        yield items[i : i + _BATCH]
