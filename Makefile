@@ -67,6 +67,10 @@ bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and 
 bench-view: $(STAMP) browser ## report size and time to open it in headless Chromium, all ../shared/corpora
 	$(BIN)/python bench/view_open.py $(BENCH_ARGS)
 
+.PHONY: bench-scale
+bench-scale: $(STAMP) ## issue 15: one edit, watch save, no-change run, RSS, feed size at 1× and 10× of ../shared/corpora (BENCH_ARGS="--sizes 1")
+	$(BIN)/python bench/scale.py $(BENCH_ARGS)
+
 bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
 

@@ -341,7 +341,7 @@ def main() -> int:
         watcher = Watcher(opts, debounce=args.debounce_ms / 1000, polling=args.polling, on_sync=on_sync)
         with watcher:
             first = time.perf_counter() - started
-            manifest_kb = (root / "chunks/.chunkyard/manifest.json").stat().st_size / 1024
+            manifest_kb = (root / "chunks/.chunkyard/state.sqlite").stat().st_size / 1024
             results = [
                 measure(root, rel, args.saves, watcher, reports, lock)
                 for rel in ((small_rel,) if args.small_only else (small_rel, large_rel))
@@ -352,7 +352,7 @@ def main() -> int:
             f"{'polling' if args.polling else 'inotify'})\n"
         )
         print(
-            f"corpus: {docs} documents ({args.corpus}), manifest {manifest_kb:,.0f} KB; first sync {first:.2f} s; "
+            f"corpus: {docs} documents ({args.corpus}), state {manifest_kb:,.0f} KB; first sync {first:.2f} s; "
             f"python {sys.version.split()[0]}, {os.cpu_count()} cores\n"
         )
         print(

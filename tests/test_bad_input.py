@@ -20,9 +20,11 @@ from conftest import NOBODY, as_nobody
 import pipeline.run.ingest as ingest_mod
 import pipeline.run.worker  # noqa: F401 - loaded before any test drops privileges
 from pipeline.errors import StageError
+from pipeline.run.db import StateDB, dump_state
 from pipeline.run.emit import stable_view
+from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, Summary, ingest
-from pipeline.run.state import MANIFEST, STATE_DIR
+from pipeline.run.state import STATE_DIR
 from pipeline.runner import counter
 
 GOOD = "# Good\n\nA perfectly fine document.\n\n## Part\n\nWith two sections and some words.\n"
@@ -45,7 +47,7 @@ def files_of(out: Path) -> dict[str, bytes]:
 
 
 def entry(out: Path, rel: str) -> dict[str, Any]:
-    docs: dict[str, Any] = orjson.loads((out / STATE_DIR / MANIFEST).read_bytes())["docs"]
+    docs: dict[str, Any] = dump_state(out)["docs"]
     return docs[rel]
 
 
@@ -291,8 +293,7 @@ def test_full_disk_leaves_no_partial_files(world: Path, small_disk: Path) -> Non
     assert {k: v for k, v in after.items() if "victim" in k} == {
         k: v for k, v in before.items() if "victim" in k
     }
-    feed = (out / STATE_DIR / "changes.jsonl").read_bytes()
-    assert feed.endswith(b"\n") and all(orjson.loads(line) for line in feed.splitlines())
+    assert all(line.event for line in read_feed(out, 0))  # the feed reads whole
     converges_with_room_again(small_disk, corpus, out, clean)
 
 
@@ -303,7 +304,7 @@ def test_a_full_disk_on_a_fresh_output_leaves_no_part_of_a_document(world: Path,
     corpus.mkdir()
     small_documents(corpus)
     (corpus / "victim.md").write_text(BIG_VICTIM)
-    resize(small_disk, 512 * 1024)  # room for the small documents and the state, not the victim's 2 MB
+    resize(small_disk, 1536 * 1024)  # room for the small documents and the state (its WAL), not the victim's 2 MB
     proc = cli("ingest", str(corpus), "--out", str(out), "--jobs", "1", "--json")
     summary = orjson.loads(proc.stdout)
     assert proc.returncode in (1, 2), proc.stderr
@@ -320,24 +321,30 @@ def test_a_full_disk_on_a_fresh_output_leaves_no_part_of_a_document(world: Path,
 def test_state_that_cannot_be_written_is_exit_2_and_repaired(
     built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The disk fills up just before the manifest: exit 2, every failure listed, the next run repairs."""
+    """The disk fills up once the run began: exit 2, every failure listed, the next run repairs."""
     corpus, out = built
     (corpus / "good.md").write_text(GOOD + "\nEdited.\n")
     (corpus / "victim.md").write_bytes(b"\x00binary")
 
-    def full(*_a: Any, **_k: Any) -> None:
+    real_commit, commits = StateDB.commit, [0]
+
+    def full(self: StateDB) -> None:
+        commits[0] += 1
+        if commits[0] == 1:  # the in-flight record still fits; nothing after it does
+            return real_commit(self)
+        self.conn.execute("ROLLBACK")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ingest_mod, "save_manifest", full)
+    monkeypatch.setattr(StateDB, "commit", full)
     summary = run(corpus, out)
     assert summary.exit_code == 2
     assert [f.split(":")[0] for f in summary.failures] == ["victim.md", str(out / STATE_DIR)]
     assert "No space left on device" in summary.failures[1]
     monkeypatch.undo()
-    assert (out / STATE_DIR / "inflight.json").exists()
+    assert dump_state(out)["inflight"] is not None
     summary = run(corpus, out)
     assert summary.exit_code == 1 and summary.processed == 2  # good.md re-checked: its files are right
     assert summary.written == 0 and summary.changed == 2  # already on disk; announced in the feed now
     # victim.md still fails, so it stays to be re-checked, but nothing calls for a sweep any more
-    left = orjson.loads((out / STATE_DIR / "inflight.json").read_bytes())
+    left = dump_state(out)["inflight"]
     assert left["docs"] == ["victim.md"] and left["sweep"] is False

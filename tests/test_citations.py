@@ -17,6 +17,7 @@ from pipeline.audit.citations import CODES, LOADER_SIDE, REQUIRED, SCHEMA_PATH, 
 from pipeline.audit.resolve import resolve
 from pipeline.audit.store import open_store
 from pipeline.cli.app import app
+from pipeline.run.db import dump_state
 from pipeline.run.ingest import Options, ingest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,9 +35,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def chunk_ids(out: Path, rel: str = DEEP) -> list[str]:
-    ids: list[str] = orjson.loads((out / ".chunkyard" / "manifest.json").read_bytes())["docs"][rel][
-        "chunk_ids"
-    ]
+    ids: list[str] = dump_state(out)["docs"][rel]["chunk_ids"]
     return ids
 
 
@@ -185,7 +184,7 @@ def test_unknown_and_redirected_snippets(out: Path, two_sections: tuple[dict[str
     report = check_answer({"citations": [a]}, open_store(out))
     assert report.code == "unknown_snippet" and live in report.problems[0].message
     store = open_store(out)
-    store.redirects["old|r=00000000|s=1|p=000|b=000"] = live
+    store.redirects = {"old|r=00000000|s=1|p=000|b=000": live}  # a redirect planted in memory
     a["snippet_id"] = "old|r=00000000|s=1|p=000|b=000"
     assert [p.code for p in check_answer({"citations": [a]}, store).problems] == ["redirected_snippet"]
 

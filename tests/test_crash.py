@@ -30,9 +30,11 @@ from typing import Any
 import orjson
 from conftest import CORPORA
 
+from pipeline.run.db import dump_state
 from pipeline.run.emit import stable_view
+from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, ingest
-from pipeline.run.state import FEED, INFLIGHT, JOURNAL, MANIFEST, REDIRECTS, STATE_DIR
+from pipeline.run.state import JOURNAL, STATE_DIR
 
 SOURCE = CORPORA / "rust-book" / "src"
 N_DOCS = 16
@@ -115,17 +117,15 @@ def snapshot(out: Path) -> dict[str, Any]:
             continue
         assert path.name.startswith("doc_") and path.suffix == ".json", f"stray file {rel}"
         files[rel] = stable_view(orjson.loads(path.read_bytes()))  # whole: it parses
-    state = out / STATE_DIR
-    manifest = orjson.loads((state / MANIFEST).read_bytes())
-    redirects = orjson.loads((state / REDIRECTS).read_bytes()) if (state / REDIRECTS).exists() else {}
-    return {"files": files, "docs": manifest["docs"], "redirects": redirects}
+    state = dump_state(out)
+    return {"files": files, "docs": state["docs"], "redirects": {"redirects": state["redirects"]}}
 
 
 def loader_view(out: Path) -> dict[str, tuple[str, str]]:
     """What a loader that tailed the whole feed holds: id → (chunk_id, hash)."""
     store: dict[str, tuple[str, str]] = {}
-    for line in (out / STATE_DIR / FEED).read_bytes().splitlines():
-        e = orjson.loads(line)  # every line whole
+    for line in read_feed(out, 0):
+        e = line.event
         if e["event"] == "ingest.write":
             store[e["id"]] = (e["chunk_id"], e["hash"])
         elif e["event"] == "ingest.delete":
@@ -197,7 +197,7 @@ def test_sigkill_in_every_phase_then_one_run_repairs(tmp_path: Path) -> None:
             where = f"killed at {phase}:{nth} ({kind})"
             assert got["files"].keys() == want[kind]["files"].keys(), where
             assert got == want[kind], where
-            assert not (out / STATE_DIR / INFLIGHT).exists()
+            assert dump_state(out)["inflight"] is None
             assert (
                 not any((out / STATE_DIR / JOURNAL).glob("*"))
                 if (out / STATE_DIR / JOURNAL).exists()

@@ -1,18 +1,22 @@
-"""The change feed is written as documents finish, made durable before the manifest (state.Feed)."""
+"""The change feed in the state database: seq, per-document commits, retention, migration (SPEC §5, §10)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import random
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-import pipeline.run.state as state_mod
-from pipeline.run.ingest import Options, Session
-from pipeline.run.state import FEED, MANIFEST, STATE_DIR, Feed
+from pipeline.run import feed as feed_mod
+from pipeline.run.db import StateDB, db_path, dump_state
+from pipeline.run.feed import FeedGapError, read_feed
+from pipeline.run.ingest import Options, Session, ingest
+from pipeline.run.state import STATE_DIR
 from pipeline.run.worker import DocResult
 
 DOC = "# Title {n}\n\nSome words about {n}.\n\n## Part\n\nMore words about part {n}.\n"
@@ -26,17 +30,12 @@ def corpus_of(tmp_path: Path, docs: int) -> tuple[Path, Path]:
     return corpus, out
 
 
-def lines_of(out: Path) -> list[dict[str, Any]]:
-    path = out / STATE_DIR / FEED
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    assert not data or data.endswith(b"\n"), "the feed ends in the middle of a line"
-    return [orjson.loads(line) for line in data.splitlines()]
+def lines_of(out: Path, after: int = 0) -> list[dict[str, Any]]:
+    return [line.event for line in read_feed(out, after)]
 
 
 def test_a_document_is_in_the_feed_before_the_run_ends(tmp_path: Path) -> None:
-    """A loader tailing the feed sees a document's lines once its files are written."""
+    """A loader reading the feed sees a document's lines once its files are written."""
     corpus, out = corpus_of(tmp_path, 3)
     seen: list[tuple[str, set[str]]] = []
 
@@ -47,7 +46,7 @@ def test_a_document_is_in_the_feed_before_the_run_ends(tmp_path: Path) -> None:
     with Session(Options(corpus=corpus, out=out, jobs=1)) as session:
         summary = session.sync(on_result=on_result)
     assert summary.exit_code == 0
-    # on_result runs after the document is folded in: its own lines, and those before it, are there
+    # on_result runs after the document is recorded: its own lines, and those before it, are there
     assert seen == [
         ("doc0.md", {"doc0.md"}),
         ("doc1.md", {"doc0.md", "doc1.md"}),
@@ -55,56 +54,34 @@ def test_a_document_is_in_the_feed_before_the_run_ends(tmp_path: Path) -> None:
     ]
     events = lines_of(out)
     assert len(events) == summary.chunks == summary.added
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert {e["change"] for e in events} == {"text"}  # all new text
     for event in events:  # every announced file is there, whole
         assert orjson.loads((out / event["file"]).read_bytes())["chunk_id"] == event["chunk_id"]
 
 
-def full_disk_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
-    """Writes to the feed work ``writes`` times; then half a block gets in and the disk is full."""
-    real_write = os.write
-    calls = 0
-
-    def write(fd: int, data: Any) -> int:
-        nonlocal calls
-        if not os.readlink(f"/proc/self/fd/{fd}").endswith(FEED):
-            return real_write(fd, data)  # chunk files and the in-flight record: room enough
-        calls += 1
-        if calls <= writes:
-            return real_write(fd, data)
-        if calls == writes + 1:
-            return real_write(fd, bytes(data[: len(data) // 2]))
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(state_mod.os, "write", write)
-
-
-def test_a_feed_write_that_fails_is_taken_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Half a block reached the disk, then it was full: the feed is cut back to its last whole line."""
-    feed = Feed(tmp_path)
-    feed.append(b'{"a":1}\n{"a":2}')
-    full_disk_after(monkeypatch, 0)
-    feed.append(b'{"b":1}\n{"b":2}\n{"b":3}')
-    monkeypatch.undo()
-    assert isinstance(feed.error, OSError) and feed.error.errno == errno.ENOSPC
-    feed.append(b'{"c":1}')  # nothing more is written once a write failed...
-    assert (tmp_path / STATE_DIR / FEED).read_bytes() == b'{"a":1}\n{"a":2}\n'
-    with pytest.raises(OSError, match="No space left"):  # ...and the sync hears of it at the end
-        feed.finish()
-    assert feed.lines == 2
-
-
-def test_a_feed_that_cannot_be_written_is_exit_2_and_the_next_run_says_it_all(
+def test_state_that_cannot_be_written_is_exit_2_and_the_next_run_says_what_it_missed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The disk fills up after the first document: exit 2; the next run announces the rest, no more."""
     corpus, out = corpus_of(tmp_path, 3)
-    full_disk_after(monkeypatch, 1)  # the first document's lines, then half of the second's
+    real_commit, commits = StateDB.commit, [0]
+
+    def full_after_two(self: StateDB) -> None:  # the in-flight record and doc0.md fit
+        commits[0] += 1
+        if commits[0] <= 2:
+            return real_commit(self)
+        self.conn.execute("ROLLBACK")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(StateDB, "commit", full_after_two)
     with Session(Options(corpus=corpus, out=out, jobs=1)) as session:
         summary = session.sync()
     monkeypatch.undo()
     assert summary.exit_code == 2
     assert any("No space left on device" in f for f in summary.failures)
-    assert not (out / STATE_DIR / MANIFEST).exists()  # no manifest names what the feed may not
     assert {e["source"] for e in lines_of(out)} == {"doc0.md"}
+    assert set(dump_state(out)["docs"]) == {"doc0.md"}  # the state names nothing the feed does not
     files = sorted(p.relative_to(out).as_posix() for p in out.glob("*.json"))
     assert len(files) == 6  # every chunk file was written all the same
 
@@ -112,4 +89,162 @@ def test_a_feed_that_cannot_be_written_is_exit_2_and_the_next_run_says_it_all(
         again = session.sync()
     assert again.exit_code == 0
     announced = {e["file"] for e in lines_of(out) if e["trace_id"] == again.run_id}
-    assert announced == set(files)  # the next run announces all that the manifest had not seen
+    assert announced == {f for f in files if not f.startswith("doc_doc0")}
+
+
+def test_a_reader_after_the_end_or_below_the_floor_hears_of_the_gap(tmp_path: Path) -> None:
+    corpus, out = corpus_of(tmp_path, 2)
+    with pytest.raises(FeedGapError):  # no feed yet: nothing reaches seq 3
+        list(read_feed(out, 3))
+    assert list(read_feed(out, 0)) == []
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    last = feed_mod.last_seq(out)
+    assert last == 4 and list(read_feed(out, last)) == []
+    with pytest.raises(FeedGapError, match="made anew"):
+        list(read_feed(out, last + 1))
+    db = StateDB(db_path(out / STATE_DIR))
+    with db.transaction():
+        db.set_meta(feed_floor=3)
+    db.close()
+    with pytest.raises(FeedGapError, match="compacted past it"):
+        list(read_feed(out, 2))
+    assert [line.seq for line in read_feed(out, 3)] == [4]
+
+
+def _replay(out: Path, store: dict[str, tuple[str, str]], after: int) -> int:
+    """A loader keyed by chunk file: file → (chunk_id, hash); returns the seq it stands at."""
+    try:
+        lines = list(read_feed(out, after))
+    except FeedGapError:
+        store.clear()
+        lines = list(read_feed(out, 0))
+    for line in lines:
+        e = line.event
+        if e["event"] == "ingest.write":
+            store[e["file"]] = (e["chunk_id"], e["hash"])
+        elif e["event"] == "ingest.delete":
+            store.pop(e["file"], None)
+        after = line.seq
+    return after
+
+
+def _truth(out: Path) -> dict[str, tuple[str, str]]:
+    truth = {}
+    for path in out.rglob("doc_*.json"):
+        rec = orjson.loads(path.read_bytes())
+        truth[path.relative_to(out).as_posix()] = (rec["chunk_id"], rec["hash"])
+    return truth
+
+
+def test_the_feed_stays_bounded_and_every_committed_seq_resumes_to_the_current_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five full re-ingests of an edited corpus: the feed stays within twice one clean ingest's
+    (the retention rule), and readers that stopped at many different seqs all end current."""
+    monkeypatch.setattr(feed_mod, "MIN_COMPACT", 10)  # a small corpus compacts too
+    rng = random.Random(15)
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    texts = {
+        f"d{n:02d}.md": f"# Doc {n}\n\n"
+        + "\n\n".join(
+            f"## Part {p}\n\nWords {n} {p} " + "more words " * rng.randint(5, 60)
+            for p in range(rng.randint(1, 6))
+        )
+        for n in range(30)
+    }
+    for name, text in texts.items():
+        (corpus / name).write_text(text)
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    clean = feed_mod.last_seq(out)
+    readers: dict[int, dict[str, tuple[str, str]]] = {}
+    for stop in range(0, clean + 1, max(1, clean // 12)):  # readers that stopped mid-way
+        store: dict[str, tuple[str, str]] = {}
+        for line in read_feed(out, 0):
+            if line.seq > stop:
+                break
+            _replay_line(store, line.event)
+        readers[stop] = store
+    for round_ in range(5):
+        for name in rng.sample(sorted(texts), 8):  # edits, deletions, new documents, shrinks
+            path = corpus / name
+            what = rng.choice(["edit", "delete", "shrink", "grow"])
+            if what == "delete" and path.exists():
+                path.unlink()
+            elif what == "shrink" and path.exists():
+                path.write_text(path.read_text()[: len(path.read_text()) // 3])
+            else:
+                path.write_text(
+                    texts[name] + f"\n\n## Round {round_}\n\nNew words {round_}.\n" * rng.randint(1, 3)
+                )
+        ingest(Options(corpus=corpus, out=out, jobs=1, full=True))
+        mid = feed_mod.last_seq(out)
+        readers[mid] = {}
+        _replay(out, readers[mid], 0)
+    with db_ro(out) as rows:
+        assert rows <= 2 * max(clean, len(_truth(out))) + 10, (rows, clean)
+        assert rows < feed_mod.last_seq(out) // 2  # it was compacted: most of the history is gone
+    truth = _truth(out)
+    for after, store in readers.items():
+        _replay(out, store, after)
+        assert store == truth, f"a reader that stopped at seq {after}"
+
+
+def _replay_line(store: dict[str, tuple[str, str]], e: dict[str, Any]) -> None:
+    if e["event"] == "ingest.write":
+        store[e["file"]] = (e["chunk_id"], e["hash"])
+    elif e["event"] == "ingest.delete":
+        store.pop(e["file"], None)
+
+
+class db_ro:  # noqa: N801 - reads like a function
+    """The number of lines the feed holds."""
+
+    def __init__(self, out: Path) -> None:
+        self.db = StateDB.reader(db_path(out / STATE_DIR))
+
+    def __enter__(self) -> int:
+        return int(self.db.conn.execute("SELECT count(*) FROM feed").fetchone()[0])
+
+    def __exit__(self, *exc: object) -> None:
+        self.db.close()
+
+
+def test_an_old_manifest_is_migrated_without_rechunking(tmp_path: Path) -> None:
+    """An output of an older chunkyard (manifest.json, redirects.json, changes.jsonl) is taken over."""
+    corpus, out = corpus_of(tmp_path, 4)
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    state = dump_state(out)
+    folder = out / STATE_DIR
+    manifest = {k: state[k] for k in ("version", "policy_hash", "policy", "corpus", "generation")}
+    docs = {rel: {k: v for k, v in e.items() if k != "embeds"} for rel, e in state["docs"].items()}
+    (folder / "manifest.json").write_bytes(orjson.dumps({**manifest, "format": 1, "docs": docs}))
+    (folder / "redirects.json").write_bytes(orjson.dumps({"format": 1, "redirects": {"gone|r=1|s=1": "x"}}))
+    (folder / "changes.jsonl").write_bytes(b'{"event": "ingest.write"}\n')
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db_path(folder)}{suffix}").unlink(missing_ok=True)
+    files = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
+    past = time.time_ns() - 60 * 10**9
+    for path in corpus.glob("*.md"):
+        os.utime(path, ns=(past, past))
+        docs[path.name]["mtime_ns"] = past
+    (folder / "manifest.json").write_bytes(orjson.dumps({**manifest, "format": 1, "docs": docs}))
+
+    summary = ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert summary.exit_code == 0 and summary.processed == 0 and summary.skipped == 4  # no re-chunking
+    assert any(
+        "migrated manifest.json (4 documents, 8 chunk files, 1 redirects)" in w for w in summary.warnings
+    )
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == files
+    after = dump_state(out)
+    assert after["redirects"] == {"gone|r=1|s=1": "x"}
+    assert {rel: e["chunk_ids"] for rel, e in after["docs"].items()} == {
+        rel: e["chunk_ids"] for rel, e in docs.items()
+    }
+    assert not (folder / "manifest.json").exists() and (folder / "changes.jsonl.pre-seq").exists()
+    store: dict[str, tuple[str, str]] = {}
+    _replay(out, store, 0)  # a reader from seq 0 holds the current state
+    assert store == _truth(out)
+    (corpus / "doc1.md").write_text(DOC.format(n=1) + "\nOne more line.\n")
+    again = ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert again.processed == 1 and not again.warnings  # said once

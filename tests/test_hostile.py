@@ -32,9 +32,9 @@ from make_hostile_corpus import LONG_STEM, STALL_MARK, Case, make_hostile_corpus
 import pipeline.run.pool as guard_mod
 import pipeline.run.worker as runner_mod
 from pipeline.models import Chunk, Policy
+from pipeline.run.db import dump_state
 from pipeline.run.ingest import Options, Session, ingest
 from pipeline.run.pool import GuardPool
-from pipeline.run.state import MANIFEST, STATE_DIR
 from pipeline.run.worker import DocResult, Job
 from pipeline.runner import chunk_document, counter
 from pipeline.stages.normalize import normalize
@@ -80,7 +80,7 @@ _LOCKS = ("permission denied", "cannot list folder")
 
 
 def manifest_docs(out: Path) -> dict[str, Any]:
-    docs: dict[str, Any] = json.loads((out / STATE_DIR / MANIFEST).read_bytes())["docs"]
+    docs: dict[str, Any] = dump_state(out)["docs"]
     return docs
 
 

@@ -16,9 +16,11 @@ import orjson
 import pytest
 
 from pipeline.models import Policy
+from pipeline.run.db import StateDB, db_path, dump_state
 from pipeline.run.emit import stable_view
+from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, Session, Summary, ingest
-from pipeline.run.state import FEED, INFLIGHT, MANIFEST, STATE_DIR
+from pipeline.run.state import STATE_DIR
 
 POLICY = Policy(target_tokens=64, overlap_tokens=8)
 
@@ -63,12 +65,19 @@ def stable(out: Path, rel: str) -> dict[str, Any]:
 
 
 def feed(out: Path) -> list[dict[str, Any]]:
-    path = out / STATE_DIR / FEED
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+    return [line.event for line in read_feed(out, 0)]
 
 
 def manifest(out: Path) -> dict[str, Any]:
-    return orjson.loads((out / STATE_DIR / MANIFEST).read_bytes())
+    return dump_state(out)
+
+
+def died_touching(out: Path, docs: list[str]) -> None:
+    """What a run that was killed leaves: its in-flight rows and the sweep flag."""
+    db = StateDB(db_path(out / STATE_DIR))
+    with db.transaction():
+        db.set_inflight(docs, sweep=True)
+    db.close()
 
 
 @pytest.fixture
@@ -105,7 +114,7 @@ def test_manifest_describes_every_document(built: tuple[Path, Path]) -> None:
                 entry["chunk_ids"][i],
                 entry["hashes"][i],
             )
-    assert not (out / STATE_DIR / INFLIGHT).exists()
+    assert manifest(out)["inflight"] is None
 
 
 def test_unchanged_reingest_writes_nothing(built: tuple[Path, Path]) -> None:
@@ -154,7 +163,14 @@ def test_one_paragraph_edit_rewrites_only_what_changed(built: tuple[Path, Path])
     assert summary.written == len(rewritten) and summary.processed == 1
     events = feed(out)[n_feed:]
     assert sorted(e["file"] for e in events) == sorted(rewritten)  # the feed lists exactly those
-    assert {e["event"] for e in events} == {"ingest.write"} and {e["change"] for e in events} == {"changed"}
+    assert {e["event"] for e in events} == {"ingest.write"}
+    # text: exactly the chunks whose embedded text changed; the others only moved (rev is per document)
+    texts = {rel for rel in after if stable(out, rel)["embedText"] != old[rel]["embedText"]}
+    assert len(texts) == 1 and "great length" in stable(out, next(iter(texts)))["originalText"]
+    assert {e["file"] for e in events if e["change"] == "text"} == texts
+    assert {e["change"] for e in events if e["file"] not in texts} == {"moved"}
+    assert len(events) > len(texts)  # the rev of the others moved
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)  # monotonic
     # only text inside a section changed: every chunk_id survives (the outline-based r=)
     assert [stable(out, rel)["chunk_id"] for rel in sorted(after)] == [
         old[rel]["chunk_id"] for rel in sorted(after)
@@ -219,12 +235,12 @@ def test_orphans_and_temp_files_are_swept_after_a_crash(built: tuple[Path, Path]
     corpus, out = built
     (out / "doc_ghost__ch0.json").write_text("{}")
     (out / "sub" / ".doc_notes__ch0.json.123.tmp").write_text("half")
-    (out / STATE_DIR / INFLIGHT).write_text('{"run_id": "x", "docs": ["sub/notes.md"]}')  # a run died
+    died_touching(out, ["sub/notes.md"])  # a run died
     n_feed = len(feed(out))
     summary = run(corpus, out)
     assert not (out / "doc_ghost__ch0.json").exists()
     assert not list(out.rglob("*.tmp"))
-    assert not (out / STATE_DIR / INFLIGHT).exists()
+    assert manifest(out)["inflight"] is None
     assert summary.processed == 1 and summary.written == 0  # sub/notes.md re-checked, nothing to fix
     assert [e["file"] for e in feed(out)[n_feed:]] == ["doc_ghost__ch0.json"]
 
@@ -239,8 +255,8 @@ def test_subset_sync_touches_only_those_paths(built: tuple[Path, Path]) -> None:
     with Session(Options(corpus=corpus, out=out, policy=POLICY, jobs=1)) as session:
         summary = session.sync(["guide.md", "sub/notes.md"])
         assert summary.processed == 1 and summary.removed > 0
-        docs = session.manifest["docs"]
-        assert "sub/notes.md" not in docs and docs["guide.md"]["files"] == ["doc_guide__ch0.json"]
+        assert session.entry("sub/notes.md") is None
+        assert (session.entry("guide.md") or {})["files"] == ["doc_guide__ch0.json"]
         summary = session.sync(["other.md"])
         assert summary.processed == 1
     after = chunk_files(out)
@@ -439,3 +455,60 @@ def test_missing_files_and_folders_deep_in_the_output_are_put_back(built: tuple[
     assert summary.processed == 2 and summary.skipped == 3
     assert summary.written == len(deep) + 1
     assert set(chunk_files(out)) == set(before)
+
+
+def test_a_no_change_run_reads_no_chunk_lists(built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cost follows the change (SPEC §10): with nothing changed, a run stats documents and
+    output folders, and never asks the state for a document's chunk lists."""
+    corpus, out = built
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("a no-change run read a document's chunk lists")
+
+    monkeypatch.setattr(StateDB, "entry", refused)
+    monkeypatch.setattr(StateDB, "files_of", refused)
+    summary = run(corpus, out)
+    assert (summary.processed, summary.skipped, summary.written) == (0, 5, 0)
+    monkeypatch.undo()
+    (out / "doc_README__ch0.json").unlink()  # a folder whose mtime moved is listed again
+    assert run(corpus, out).written == 1
+
+
+def test_a_doc_uid_collision_widens_r_with_a_warning_then_fails_past_12(tmp_path: Path) -> None:
+    """Two documents with one ``doc_id`` and one outline: the second gets 12-hex ``r=`` (000)."""
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    text = "---\ndoc_id: shared\n---\n# Same\n\nFirst {}.\n"
+    (corpus / "a.md").write_text(text.format("a"))
+    (corpus / "b.md").write_text(text.format("b"))
+    summary = run(corpus, out)
+    assert not summary.failures
+    assert [w for w in summary.warnings if "collides" in w] == [
+        "b.md: mint: doc_uid|r collides with a.md; r= widened to 12 hex"
+    ]
+    docs = manifest(out)["docs"]
+    assert len(docs["a.md"]["uid_rev"].split("r=")[1]) == 8 and len(docs["b.md"]["uid_rev"].split("r=")[1]) == 12
+    assert docs["b.md"]["rev_width"] == 12
+    again = run(corpus, out)  # stable: nothing to widen again
+    assert (again.processed, again.failures, again.warnings) == (0, [], [])
+
+
+def test_a_collision_is_widened_by_the_run_after_one_that_died_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    text = "---\ndoc_id: shared\n---\n# Same\n\nFirst {}.\n"
+    (corpus / "a.md").write_text(text.format("a"))
+    (corpus / "b.md").write_text(text.format("b"))
+
+    def die(*_a: Any, **_k: Any) -> None:
+        raise KeyboardInterrupt  # stands for SIGKILL: both documents recorded, the collision not seen
+
+    monkeypatch.setattr(Session, "_widen_collisions", die)
+    with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, policy=POLICY, jobs=1)) as s:
+        s.sync()
+    monkeypatch.undo()
+    summary = run(corpus, out)
+    assert any("r= widened to 12 hex" in w for w in summary.warnings)
+    assert manifest(out)["docs"]["b.md"]["rev_width"] == 12 and manifest(out)["inflight"] is None

@@ -149,6 +149,14 @@ def test_a_lost_cursor_reads_everything_again_and_drops_what_is_gone(
     feed = out / ".chunkyard" / "changes.jsonl"
     if feed.exists():
         feed.write_bytes(b"")  # the feed was replaced: it no longer reaches the cursor
+    else:  # the feed in the state database: compacted past the cursor (its floor rose)
+        from pipeline.run.db import StateDB, db_path
+        from pipeline.run.feed import last_seq
+
+        db = StateDB(db_path(out / ".chunkyard"))
+        with db.transaction():
+            db.set_meta(feed_floor=last_seq(out))
+        db.close()
     report = index(out)
     assert report.full and report.deleted > 0 and report.embedded == 0
     assert store_state(out) == chunk_state(out)

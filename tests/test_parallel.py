@@ -12,11 +12,12 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from conftest import SAMPLE_CORPUS, stable_bytes
 
 from pipeline.models import Policy
+from pipeline.run.db import dump_state
+from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, ingest
 from pipeline.run.worker import Job, process_document
 
@@ -41,13 +42,12 @@ def chunk_files(root: Path) -> dict[str, bytes]:
 
 
 def manifest_docs(root: Path) -> dict[str, dict[str, Any]]:
-    docs = orjson.loads((root / ".chunkyard" / "manifest.json").read_bytes())["docs"]
+    docs = dump_state(root)["docs"]
     return {rel: {k: entry.get(k) for k in DOC_KEYS} for rel, entry in docs.items()}
 
 
 def feed(root: Path) -> list[tuple[str, str, str]]:
-    lines = (root / ".chunkyard" / "changes.jsonl").read_bytes().splitlines()
-    events = [orjson.loads(line) for line in lines if line]
+    events = [line.event for line in read_feed(root, 0)]
     return sorted((e["event"], e.get("file", ""), e.get("hash", "")) for e in events)
 
 

@@ -13,9 +13,11 @@ import pytest
 from conftest import CORPORA
 
 from pipeline.errors import PipelineError
+from pipeline.run.db import dump_state
+from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, Session, ingest
 from pipeline.run.redirects import Chunklet, collapse, match, match_by_hash, place
-from pipeline.run.state import FEED, REDIRECTS, STATE_DIR
+from pipeline.run.state import STATE_DIR
 from pipeline.stages.normalize import normalize
 from pipeline.stages.parse import parse
 
@@ -32,17 +34,11 @@ def chunks_of(out: Path) -> dict[str, dict[str, Any]]:
 
 
 def redirect_map(out: Path) -> dict[str, str]:
-    path = out / STATE_DIR / REDIRECTS
-    if not path.exists():
-        return {}
-    data = orjson.loads(path.read_bytes())
-    assert data["format"] == 1
-    return data["redirects"]
+    return dict(dump_state(out)["redirects"])
 
 
 def feed(out: Path) -> list[dict[str, Any]]:
-    path = out / STATE_DIR / FEED
-    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+    return [line.event for line in read_feed(out, 0)]
 
 
 def resolve(cid: str, live: dict[str, dict[str, Any]], redirects: dict[str, str]) -> dict[str, Any] | None:
@@ -221,7 +217,7 @@ def test_renamed_document_redirects_by_hash(tmp_path: Path) -> None:
 def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run that dies after writing chunk files but before its manifest: the journal keeps the old texts."""
+    """A run that dies after writing chunk files but before its state: the journal keeps the old texts."""
     corpus, out, clean = tmp_path / "corpus", tmp_path / "out", tmp_path / "clean"
     corpus.mkdir()
     doc = corpus / "guide.md"
@@ -234,21 +230,20 @@ def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(
     doc.write_text(edited)
     run(corpus, clean)
 
-    import pipeline.run.ingest as ingest_mod
+    import pipeline.run.record as record_mod
 
     def die(*_a: Any, **_k: Any) -> None:
         raise KeyboardInterrupt  # stands for SIGKILL: nothing after this point runs
 
-    monkeypatch.setattr(ingest_mod, "save_manifest", die)
-    monkeypatch.setattr(ingest_mod.Feed, "finish", die)
-    monkeypatch.setattr(ingest_mod, "save_redirects", die)
+    monkeypatch.setattr(record_mod, "fold", die)  # the files are written; the state never hears of them
+    monkeypatch.setattr("pipeline.run.ingest.fold", die)
     with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
         s.sync()
     monkeypatch.undo()
-    assert (out / STATE_DIR / "inflight.json").exists()
+    assert dump_state(out)["inflight"] is not None
     run(corpus, out)
     assert redirect_map(out) == redirect_map(clean) != {}
-    assert not (out / STATE_DIR / "inflight.json").exists()
+    assert dump_state(out)["inflight"] is None
     assert (
         not list((out / STATE_DIR / "journal").glob("*")) if (out / STATE_DIR / "journal").exists() else True
     )
@@ -479,3 +474,30 @@ def test_edit_suite_chained_edits(suite: tuple[Path, Path, list[str]], tmp_path:
     assert all(target in live for target in redirects.values())
     print(f"\nedit suite [all six, chained]: {ok}/{total} = {ok / total:.1%} of the first ids resolve")
     assert ok / total >= 0.95, misses[:10]
+
+
+def test_a_rename_found_after_a_run_died_between_the_new_name_and_the_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run that died recorded the new name (its chunks), not yet the old one's removal: the
+    next run still finds the rename by hash among the chunks the dead run made."""
+    corpus, out, clean = tmp_path / "corpus", tmp_path / "out", tmp_path / "clean"
+    corpus.mkdir()
+    (corpus / "guide.md").write_text(DOC)
+    (corpus / "other.md").write_text("# Other\n\nSomething else entirely.\n")
+    run(corpus, out)
+    shutil.copytree(out, clean)
+    (corpus / "guide.md").rename(corpus / "handbook.md")
+    run(corpus, clean)
+    assert redirect_map(clean)
+
+    def die(*_a: Any, **_k: Any) -> None:
+        raise KeyboardInterrupt  # stands for SIGKILL, right before the old name is forgotten
+
+    monkeypatch.setattr("pipeline.run.ingest.forget", die)
+    with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
+        s.sync()
+    monkeypatch.undo()
+    summary = run(corpus, out)
+    assert summary.processed == 1 and summary.written == 0  # handbook.md re-checked: its files are right
+    assert redirect_map(out) == redirect_map(clean)

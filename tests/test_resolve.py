@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from pipeline.audit.resolve import UnknownIdError, find, resolve
 from pipeline.audit.store import open_store
 from pipeline.cli.app import app
+from pipeline.run.db import StateDB, db_path, dump_state
 from pipeline.run.ingest import Options, ingest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +45,17 @@ def copy(pristine: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
 
 
 def entry(out: Path, rel: str = DEEP) -> dict[str, Any]:
-    data: dict[str, Any] = orjson.loads((out / ".chunkyard" / "manifest.json").read_bytes())["docs"][rel]
+    data: dict[str, Any] = dump_state(out)["docs"][rel]
     return data
+
+
+def plant_redirects(out: Path, table: dict[str, str]) -> None:
+    """Write redirect rows straight into the state (as a hand edit or a bug could)."""
+    db = StateDB(db_path(out / ".chunkyard"))
+    with db.transaction():
+        for old, new in table.items():
+            db.set_redirect(old, new)
+    db.close()
 
 
 def invoke(*args: str) -> Any:
@@ -125,7 +135,7 @@ def test_planted_redirect_and_dangling_redirect(copy: tuple[Path, Path]) -> None
     corpus, out = copy
     live = entry(out)["chunk_ids"][2]
     table = {"gone|r=00000000|s=1|p=000|b=000": live, "lost|r=00000000|s=1|p=000|b=000": "nowhere|r=1|s=1"}
-    (out / ".chunkyard" / "redirects.json").write_bytes(orjson.dumps({"format": 1, "redirects": table}))
+    plant_redirects(out, table)
     store = open_store(out, corpus)
     assert resolve(store, "gone|r=00000000|s=1|p=000|b=000").record["chunk_id"] == live
     with pytest.raises(UnknownIdError, match="no chunk has"):

@@ -12,9 +12,10 @@ import pytest
 from blake3 import blake3
 from typer.testing import CliRunner
 
-from pipeline.audit.validate import CODES, Report, validate
+from pipeline.audit.validate import CODES, MANIFEST_FILE, REDIRECTS_FILE, Report, validate
 from pipeline.cli.app import app
 from pipeline.errors import UsageError
+from pipeline.run.db import StateDB, db_path, dump_state
 from pipeline.run.ingest import Options, ingest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,12 +57,17 @@ def store(pristine: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
 
 
 def manifest(out: Path) -> dict[str, Any]:
-    data: dict[str, Any] = orjson.loads((out / ".chunkyard" / "manifest.json").read_bytes())
+    data: dict[str, Any] = dump_state(out)
     return data
 
 
 def save_manifest(out: Path, data: dict[str, Any]) -> None:
-    (out / ".chunkyard" / "manifest.json").write_bytes(orjson.dumps(data))
+    """Write the (tampered) documents' entries back into the state, as a bug or a hand edit could."""
+    db = StateDB(db_path(out / ".chunkyard"))
+    with db.transaction():
+        for rel, entry in data["docs"].items():
+            db.put_doc(rel, entry, int(data.get("generation", 1)))
+    db.close()
 
 
 def load(out: Path, f: str) -> dict[str, Any]:
@@ -278,8 +284,12 @@ def _bad_order(corpus: Path, out: Path) -> str:
 
 def _redirect(table: dict[str, str]) -> Callable[[Path, Path], str]:
     def plant(corpus: Path, out: Path) -> str:
-        (out / ".chunkyard" / "redirects.json").write_bytes(orjson.dumps({"format": 1, "redirects": table}))
-        return ".chunkyard/redirects.json"
+        db = StateDB(db_path(out / ".chunkyard"))
+        with db.transaction():
+            for old, new in table.items():
+                db.set_redirect(old, new)
+        db.close()
+        return REDIRECTS_FILE
 
     return plant
 
@@ -304,7 +314,7 @@ def _mixed_policy(corpus: Path, out: Path) -> str:
     data = manifest(out)
     data["docs"][DEEP]["policy_hash"] = "0123456789abcdef"
     save_manifest(out, data)
-    return ".chunkyard/manifest.json"
+    return MANIFEST_FILE
 
 
 CORRUPTIONS: dict[str, tuple[Callable[[Path, Path], str], tuple[str, ...]]] = {
@@ -343,7 +353,6 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path, Path], str], tuple[str, ...]]] = {
         ("dangling_redirect",),
     ),
     "redirect chain": (_redirect_chain, ("redirect_chain",)),
-    "bad redirect map": (_redirect([]), ("bad_redirects",)),  # type: ignore[arg-type]
 }
 
 

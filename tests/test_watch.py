@@ -24,8 +24,9 @@ import pytest
 from pipeline.errors import UsageError
 from pipeline.models import Policy
 from pipeline.run.emit import stable_view
+from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, ingest
-from pipeline.run.state import FEED, STATE_DIR
+from pipeline.run.state import STATE_DIR
 from pipeline.run.watch import SyncReport, Watcher, is_editor_temp
 
 # watchdog warns when a folder moved out and back in keeps its inotify watch
@@ -91,8 +92,7 @@ def text_of(out: Path, rel: str) -> str:
 
 
 def feed(out: Path) -> list[dict[str, object]]:
-    path = out / STATE_DIR / FEED
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [line.event for line in read_feed(out, 0)]
 
 
 def all_chunks(out: Path) -> dict[str, object]:

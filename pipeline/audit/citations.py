@@ -51,7 +51,7 @@ CODES: dict[str, tuple[str, str]] = {
     ),
     "unknown_snippet": ("no chunk has this snippet_id", "cite a live chunk_id (see the suggestions)"),
     "redirected_snippet": (
-        "the snippet_id is stale: redirects.json maps it to a new chunk_id",
+        "the snippet_id is stale: the redirect map sends it to a new chunk_id",
         "cite the new chunk_id and re-check its text",
     ),
     "section_mismatch": ("section_id is not the chunk's section_id", _REBUILD),

@@ -1,7 +1,7 @@
 """Audit: ``resolve`` — any chunk address → the exact span of the source, without embeddings (SPEC §8).
 
 An address is a ``chunk_id``, an ``id`` (``doc:<name>::chN``), a chunk file (name
-or path), or a stale ``chunk_id`` that ``redirects.json`` maps to a live one.
+or path), or a stale ``chunk_id`` that the redirect map sends to a live one.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class UnknownIdError(PipelineError):
         hint = (
             "did you mean: " + ", ".join(suggestions)
             if suggestions
-            else "list the ids with `jq .docs .chunkyard/manifest.json`"
+            else "list the ids with `sqlite3 .chunkyard/state.sqlite 'select chunk_id from chunks'`"
         )
         super().__init__(f"{query}: {reason or 'no chunk has this id'} (hint: {hint})")
         self.query = query

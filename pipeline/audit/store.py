@@ -1,12 +1,15 @@
-"""The chunk store as the audit tools read it: manifest, redirects, chunk files, sources (SPEC §5, §8).
+"""The chunk store as the audit tools read it: state, redirects, chunk files, sources (SPEC §5, §8).
 
 Read-only: nothing here writes to the output folder, so ``validate``, ``resolve``
-and ``check-citations`` can run beside an ``ingest`` or a ``watch``.
+and ``check-citations`` can run beside an ``ingest`` or a ``watch``. The state database
+is read through mappings that ask it per key (``docs``, ``redirects``, ``index``), so an
+audit holds no copy of the state, whatever the corpus size.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,8 @@ import orjson
 
 from pipeline.errors import PipelineError, UsageError
 from pipeline.models import SourceDoc
-from pipeline.run.state import MANIFEST, MANIFEST_FORMAT, STATE_DIR, load_redirects
+from pipeline.run.db import StateDB, StateError, db_path
+from pipeline.run.state import MANIFEST, STATE_DIR, STATE_FILE, state_dir
 from pipeline.stages.normalize import normalize, read_source
 
 
@@ -39,36 +43,92 @@ class Location:
     file: str  #: chunk file, relative to the output folder
 
 
+class DocsView(Mapping[str, dict[str, Any]]):
+    """``rel`` → the document's entry (as the manifest had it), asked of the state per key."""
+
+    def __init__(self, db: StateDB) -> None:
+        self._db = db
+
+    def __getitem__(self, rel: str) -> dict[str, Any]:
+        entry = self._db.entry(rel)
+        if entry is None:
+            raise KeyError(rel)
+        return entry
+
+    def __contains__(self, rel: object) -> bool:
+        return isinstance(rel, str) and self._db.stamp(rel) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return self._db.iter_rels()
+
+    def __len__(self) -> int:
+        return self._db.count_docs()
+
+
+class RedirectsView(Mapping[str, str]):
+    """old ``chunk_id`` → new, asked of the state per key."""
+
+    def __init__(self, db: StateDB) -> None:
+        self._db = db
+
+    def __getitem__(self, old: str) -> str:
+        new = self._db.redirect(old)
+        if new is None:
+            raise KeyError(old)
+        return new
+
+    def __contains__(self, old: object) -> bool:
+        return isinstance(old, str) and self._db.redirect(old) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (old for old, _ in self._db.iter_redirects())
+
+    def __len__(self) -> int:
+        return self._db.count_redirects()
+
+
+class IndexView(Mapping[str, Location]):
+    """``chunk_id``, ``id`` or ``file`` → where the chunk lives (the state's indexes)."""
+
+    def __init__(self, db: StateDB, kind: str) -> None:
+        self._db, self._kind = db, kind
+
+    def __getitem__(self, key: str) -> Location:
+        found = self._db.locate(self._kind, key)
+        if found is None:
+            raise KeyError(key)
+        return Location(*found)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._db.locate(self._kind, key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return self._db.iter_column(self._kind)
+
+    def __len__(self) -> int:
+        return self._db.count_chunks()
+
+
 @dataclass(slots=True)
 class ChunkStore:
     """One output folder opened for auditing."""
 
     out: Path
     corpus: Path
-    manifest: dict[str, Any]
-    redirects: dict[str, str] = field(default_factory=dict)
-    _index: dict[str, dict[str, Location]] | None = None
+    manifest: dict[str, Any]  #: the state's header, and ``docs`` (a ``DocsView``)
+    redirects: Mapping[str, str] = field(default_factory=dict)
+    db: StateDB | None = None
 
     @property
-    def docs(self) -> dict[str, dict[str, Any]]:
-        docs: dict[str, dict[str, Any]] = self.manifest.get("docs") or {}
+    def docs(self) -> Mapping[str, dict[str, Any]]:
+        docs: Mapping[str, dict[str, Any]] = self.manifest.get("docs") or {}
         return docs
 
-    def index(self, kind: str) -> dict[str, Location]:
-        """``chunk_id``, ``id`` or ``file`` → location, built from the manifest on first use."""
-        if self._index is None:
-            by: dict[str, dict[str, Location]] = {"chunk_id": {}, "id": {}, "file": {}}
-            for rel, entry in self.docs.items():
-                files = entry.get("files") or []
-                for i, f in enumerate(files):
-                    loc = Location(rel, i, f)
-                    by["file"][f] = loc
-                    for kind_, key in (("chunk_id", "chunk_ids"), ("id", "ids")):
-                        values = entry.get(key) or []
-                        if i < len(values):
-                            by[kind_].setdefault(values[i], loc)
-            self._index = by
-        return self._index[kind]
+    def index(self, kind: str) -> Mapping[str, Location]:
+        """``chunk_id``, ``id`` or ``file`` → location (queries on the state's indexes)."""
+        if self.db is None:
+            return {}
+        return IndexView(self.db, kind)
 
     def read_record(self, file: str) -> dict[str, Any]:
         """One chunk file, parsed; ``PipelineError`` when it is missing or not a JSON object."""
@@ -99,26 +159,27 @@ class ChunkStore:
 def open_store(out: Path, corpus: Path | None = None, *, need_corpus: bool = False) -> ChunkStore:
     """Open ``out`` for auditing; ``UsageError`` (exit 2) when it is not a chunk folder.
 
-    The corpus is ``corpus`` when given, else the one the manifest records, else ``corpus/``.
+    The corpus is ``corpus`` when given, else the one the state records, else ``corpus/``.
     """
     if not out.is_dir():
         raise UsageError(f"{out}: no such chunk folder (hint: pass the folder given to ingest as --out)")
-    path = out / STATE_DIR / MANIFEST
+    path = db_path(state_dir(out))
     if not path.is_file():
+        old = " (an older chunkyard's manifest.json: run chunkyard ingest once to migrate it)"
         raise UsageError(
-            f"{out}: no manifest at {STATE_DIR}/{MANIFEST} (hint: run chunkyard ingest CORPUS --out {out})"
+            f"{out}: no manifest: no state at {STATE_DIR}/{STATE_FILE}"
+            + (old if (state_dir(out) / MANIFEST).is_file() else "")
+            + f" (hint: run chunkyard ingest CORPUS --out {out})"
         )
     try:
-        manifest = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read the manifest ({exc}) (hint: run chunkyard ingest)") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise UsageError(
-            f"{path}: not a format-{MANIFEST_FORMAT} manifest (hint: re-run chunkyard ingest --full)"
-        )
+        db = StateDB.reader(path)
+        header = db.header()
+    except (StateError, Exception) as exc:  # noqa: BLE001 - sqlite3.Error: not a state database
+        raise UsageError(f"{path}: cannot read the state ({exc}) (hint: run chunkyard ingest)") from None
+    manifest = {**header, "docs": DocsView(db)}
     if corpus is None:
         recorded = manifest.get("corpus")
         corpus = Path(recorded) if isinstance(recorded, str) and recorded else Path("corpus")
     if need_corpus and not corpus.is_dir():
         raise UsageError(f"{corpus}: corpus folder not found (hint: pass the corpus with --corpus)")
-    return ChunkStore(out, corpus, manifest, load_redirects(out))
+    return ChunkStore(out, corpus, manifest, RedirectsView(db), db)

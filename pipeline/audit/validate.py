@@ -7,10 +7,13 @@ documents — unique ids, stale files, redirects — is checked once at the end.
 
 from __future__ import annotations
 
+import itertools
 import os
+import sqlite3
+import tempfile
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -26,13 +29,13 @@ from pipeline.errors import PipelineError
 from pipeline.models import Policy, SourceDoc
 from pipeline.run.discover import discover, walk
 from pipeline.run.emit import fast_validator, stable_view, validator
-from pipeline.run.state import INFLIGHT, MANIFEST, REDIRECTS, STATE_DIR
+from pipeline.run.state import STATE_DIR, STATE_FILE
 from pipeline.stages.mint import chunk_file, policy_hash, text_rev
 from pipeline.stages.normalize import normalize
 from pipeline.stages.parse import Lines
 
-MANIFEST_FILE = f"{STATE_DIR}/{MANIFEST}"
-REDIRECTS_FILE = f"{STATE_DIR}/{REDIRECTS}"
+MANIFEST_FILE = f"{STATE_DIR}/{STATE_FILE}"
+REDIRECTS_FILE = f"{STATE_DIR}/{STATE_FILE}:redirects"
 _SCHEMA_ERRORS_PER_FILE = 5
 
 _INGEST_FULL = "run `chunkyard ingest --full` to rewrite the chunks from the source"
@@ -117,7 +120,7 @@ CODES: dict[str, tuple[str, str]] = {
         "re-chunking the unchanged source gives a different record (volatile fields aside)",
         _INGEST_FULL,
     ),
-    "bad_redirects": ("redirects.json is not a format-1 redirect map", "run `chunkyard ingest --full`"),
+    "bad_redirects": ("the redirect map cannot be read", "run `chunkyard ingest --full`"),
     "dangling_redirect": (
         "a redirect points to a chunk_id no chunk has",
         "run `chunkyard ingest` (it rewrites the redirect map)",
@@ -546,12 +549,58 @@ def schema_errors(rec: dict[str, Any]) -> Iterator[tuple[str, str]]:
         yield ".".join(map(str, error.absolute_path)) or "(record)", error.message[:300]
 
 
-def _outcomes(tasks: list[DocTask], jobs: int) -> Iterator[DocOutcome]:
-    if jobs <= 1 or len(tasks) < 64:
+#: Documents handed to the pool at once: what is in flight stays bounded, whatever the corpus.
+_BATCH = 512
+
+
+def _outcomes(tasks: Iterator[DocTask], count: int, jobs: int) -> Iterator[DocOutcome]:
+    """Check the documents in order, ``_BATCH`` at a time (memory does not grow with the corpus)."""
+    if jobs <= 1 or count < 64:
         yield from map(check_document, tasks)
         return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("fork")) as pool:
-        yield from pool.map(check_document, tasks, chunksize=max(1, min(32, len(tasks) // (jobs * 16))))
+        while batch := list(itertools.islice(tasks, _BATCH)):
+            yield from pool.map(check_document, batch, chunksize=max(1, min(32, len(batch) // (jobs * 4))))
+
+
+class _Keys:
+    """Every chunk file's (file, id, chunk_id), in a temp SQLite file: the corpus-wide checks
+    (unique ids, live redirect targets) are queries, and memory does not grow with the chunks."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="chunkyard-validate-")
+        self.conn = sqlite3.connect(os.path.join(self._dir.name, "keys.sqlite"), isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=OFF")
+        self.conn.execute("PRAGMA synchronous=OFF")
+        self.conn.execute("CREATE TABLE keys(file TEXT, id TEXT, chunk_id TEXT)")
+        self.conn.execute("BEGIN")
+
+    def add(self, keys: Iterable[tuple[str, str, str]]) -> None:
+        self.conn.executemany("INSERT INTO keys VALUES(?,?,?)", keys)
+
+    def seal(self) -> None:
+        self.conn.execute("COMMIT")
+        self.conn.execute("CREATE INDEX keys_id ON keys(id)")
+        self.conn.execute("CREATE INDEX keys_chunk_id ON keys(chunk_id)")
+
+    def duplicates(self, column: str) -> Iterator[tuple[str, str, str]]:
+        """``(file, value, first file)`` for each file whose value an earlier file (in file order) has."""
+        assert column in ("id", "chunk_id")
+        yield from self.conn.execute(
+            f"SELECT k.file, k.{column}, d.first FROM keys k JOIN (SELECT {column} AS v, min(file) AS first "
+            f"FROM keys GROUP BY {column} HAVING count(*) > 1) d ON k.{column} = d.v "
+            "WHERE k.file <> d.first ORDER BY k.file"
+        )
+
+    def has_chunk_id(self, chunk_id: str) -> bool:
+        return (
+            self.conn.execute("SELECT 1 FROM keys WHERE chunk_id=? LIMIT 1", (chunk_id,)).fetchone()
+            is not None
+        )
+
+    def close(self) -> None:
+        self.conn.close()
+        self._dir.cleanup()
 
 
 def validate(
@@ -567,10 +616,8 @@ def validate(
     started = time.perf_counter()
     store = open_store(out, corpus, need_corpus=True)
     report = Report(str(out), str(store.corpus), documents=len(store.docs), reingest=reingest)
-    if (out / STATE_DIR / INFLIGHT).exists():
-        report.problems.append(
-            Problem("interrupted_run", f"{STATE_DIR}/{INFLIGHT}", "(file)", "a sync has not finished")
-        )
+    if store.db is not None and store.db.inflight() is not None:
+        report.problems.append(Problem("interrupted_run", STATE_FILE, "inflight", "a sync has not finished"))
     manifest_policy: dict[str, Any] = store.manifest.get("policy") or {}
     p_hash = str(store.manifest.get("policy_hash", ""))
     try:
@@ -583,35 +630,53 @@ def validate(
     except TypeError as exc:
         report.problems.append(Problem("manifest_mismatch", MANIFEST_FILE, "policy", str(exc)))
         reingest = False
-    tasks = [
+    count = len(store.docs)
+    tasks = (
         DocTask(str(out), str(store.corpus), rel, entry, p_hash, manifest_policy if reingest else None)
-        for rel, entry in sorted(store.docs.items())
-    ]
+        for rel, entry in store.docs.items()  # in path order, one entry at a time
+    )
     fast_validator()  # compile the schema once, before any fork
     if reingest:
         from pipeline.runner import counter
 
         counter(str(manifest_policy.get("tokenizer")))  # load the vocabulary once, before any fork
     if on_start is not None:
-        on_start(len(tasks))
-    keys: list[tuple[str, str, str]] = []
-    for outcome in _outcomes(tasks, jobs or os.cpu_count() or 1):
-        report.problems.extend(outcome.problems)
-        keys.extend(outcome.keys)
-        if on_doc is not None:
-            on_doc()
-    listed = {f for entry in store.docs.values() for f in entry.get("files") or []}
-    report.files = len(listed)
-    keys.extend(_check_stale(store, listed, report))
-    _check_unique(keys, store, report)
-    _check_redirects(store, {k[2] for k in keys}, report)
-    _check_unindexed(store, report)
+        on_start(count)
+    keys = _Keys()
+    try:
+        _check_all(store, report, keys, _outcomes(tasks, count, jobs or os.cpu_count() or 1), on_doc)
+    finally:
+        keys.close()
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _check_stale(store: ChunkStore, listed: set[str], report: Report) -> Iterator[tuple[str, str, str]]:
-    """Files under the output that no manifest entry lists; yields their keys for the duplicate check."""
+def _check_all(
+    store: ChunkStore,
+    report: Report,
+    keys: _Keys,
+    outcomes: Iterator[DocOutcome],
+    on_doc: Callable[[], None] | None,
+) -> None:
+    for outcome in outcomes:
+        report.problems.extend(outcome.problems)
+        keys.add(outcome.keys)
+        if on_doc is not None:
+            on_doc()
+    report.files = store.db.count_chunks() if store.db is not None else 0
+    keys.add(_check_stale(store, report))
+    keys.seal()
+    _check_unique(keys, store, report)
+    _check_redirects(store, keys, report)
+    _check_unindexed(store, report)
+
+
+def _check_stale(store: ChunkStore, report: Report) -> Iterator[tuple[str, str, str]]:
+    """Files under the output that no document lists; yields their keys for the duplicate check.
+
+    One indexed query per file (``chunks.file``), not a set of every listed file.
+    """
+    listed = store.index("file")
     for dirpath, dirnames, filenames in walk(store.out):  # not os.walk: it recurses per level
         dirnames[:] = sorted(d for d in dirnames if d != STATE_DIR)
         rel_dir = os.path.relpath(dirpath, store.out).replace(os.sep, "/")
@@ -641,19 +706,13 @@ def _check_stale(store: ChunkStore, listed: set[str], report: Report) -> Iterato
                 yield rel, rec["id"], rec["chunk_id"]
 
 
-def _check_unique(keys: list[tuple[str, str, str]], store: ChunkStore, report: Report) -> None:
+def _check_unique(keys: _Keys, store: ChunkStore, report: Report) -> None:
     """Ids and chunk_ids unique over every chunk file a loader would see; doc_uid|r unique too."""
-    for slot, code, fld in ((1, "duplicate_id", "id"), (2, "duplicate_chunk_id", "chunk_id")):
-        first: dict[str, str] = {}
-        for key in sorted(keys):
-            value, f = key[slot], key[0]
-            if value in first:
-                report.problems.append(Problem(code, f, fld, f"{value!r} is also in {first[value]}"))
-            else:
-                first[value] = f
+    for code, fld in (("duplicate_id", "id"), ("duplicate_chunk_id", "chunk_id")):
+        for f, value, first in keys.duplicates(fld):
+            report.problems.append(Problem(code, f, fld, f"{value!r} is also in {first}"))
     owners: dict[str, str] = {}
-    for rel, entry in sorted(store.docs.items()):
-        uid_rev = entry.get("uid_rev") or ""
+    for rel, uid_rev in store.db.iter_uid_revs() if store.db is not None else ():
         if uid_rev and uid_rev in owners:
             report.problems.append(
                 Problem(
@@ -667,28 +726,18 @@ def _check_unique(keys: list[tuple[str, str, str]], store: ChunkStore, report: R
         owners.setdefault(uid_rev, rel)
 
 
-def _check_redirects(store: ChunkStore, live: set[str], report: Report) -> None:
+def _check_redirects(store: ChunkStore, live: _Keys, report: Report) -> None:
     """Every redirect lands on a live chunk_id, in one hop."""
-    path = store.out / STATE_DIR / REDIRECTS
-    if not path.exists():
+    if store.db is None:
         return
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        report.problems.append(Problem("bad_redirects", REDIRECTS_FILE, "(file)", str(exc)))
-        return
-    table = data.get("redirects") if isinstance(data, dict) else None
-    if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(table, dict):
-        report.problems.append(
-            Problem("bad_redirects", REDIRECTS_FILE, "redirects", "not a format-1 redirect map")
-        )
-        return
-    for old, new in sorted(table.items()):
-        if new in table:
+    db = store.db
+    for old, new in db.iter_redirects():
+        nxt = db.redirect(new)
+        if nxt is not None:
             report.problems.append(
-                Problem("redirect_chain", REDIRECTS_FILE, f"redirects.{old}", f"→ {new!r} → {table[new]!r}")
+                Problem("redirect_chain", REDIRECTS_FILE, f"redirects.{old}", f"→ {new!r} → {nxt!r}")
             )
-        elif new not in live:
+        elif not live.has_chunk_id(new) and not db.is_live(new):
             report.problems.append(
                 Problem(
                     "dangling_redirect", REDIRECTS_FILE, f"redirects.{old}", f"→ {new!r}, which no chunk has"

@@ -76,7 +76,7 @@ def render_resolved(found: Resolved, out: Console, err: Console, *, context: int
     if found.redirected_from:
         err.print(
             Text(
-                f"note: {found.redirected_from} was redirected to {rec['chunk_id']} (redirects.json)",
+                f"note: {found.redirected_from} was redirected to {rec['chunk_id']} (the redirect map)",
                 "yellow",
             )
         )

@@ -44,6 +44,13 @@ class Printer:
         else:
             self.err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [red]{escape(text)}[/]", soft_wrap=True)
 
+    def warning(self, text: str) -> None:
+        """Said once, whatever ``--quiet`` says: watch works, but not as asked (the inotify limit)."""
+        if self.json_out:
+            self.json("warning", message=text)
+        else:
+            self.err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [yellow]{escape(text)}[/]", soft_wrap=True)
+
     def waiting(self, holder: str) -> None:
         if not self.quiet and not self.json_out:
             self.err.print(
@@ -153,7 +160,14 @@ def serve(
     on_sync: Any = printer.sync
     if index:
         on_sync = _indexing(printer.sync, opts, store, out=out, err=err, quiet=quiet, json_out=json_out)
-    watcher = Watcher(opts, debounce=debounce, polling=polling, on_sync=on_sync, on_wait=printer.waiting)
+    watcher = Watcher(
+        opts,
+        debounce=debounce,
+        polling=polling,
+        on_sync=on_sync,
+        on_wait=printer.waiting,
+        on_warning=printer.warning,
+    )
     watcher.start()  # may wait for the lock; Ctrl-C there is a plain KeyboardInterrupt
     stop = threading.Event()
 

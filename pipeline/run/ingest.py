@@ -1,41 +1,27 @@
-"""A whole-corpus run: discovery, the process pool, stale files, manifest, change feed (SPEC §5)."""
+"""A corpus run: discovery, the process pool, the state database, the change feed (SPEC §5, §10)."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-import orjson
 import xxhash
 
 from pipeline._version import __version__
 from pipeline.errors import UsageError
 from pipeline.models import Policy
-from pipeline.run.checkpoint import reached
-from pipeline.run.discover import Found, discover, find_one, walk
+from pipeline.run import feed as feed_mod
+from pipeline.run.db import StateDB, StateError, db_path
+from pipeline.run.discover import Found, discover, find_one
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
-from pipeline.run.redirects import changes, collapse, match_by_hash
-from pipeline.run.state import (
-    MANIFEST_FORMAT,
-    STATE_DIR,
-    Feed,
-    clear_inflight,
-    clear_journals,
-    event,
-    load_inflight,
-    load_manifest,
-    load_redirects,
-    new_run_id,
-    now_iso,
-    output_lock,
-    save_inflight,
-    save_manifest,
-    save_redirects,
-)
+from pipeline.run.migrate import migrate
+from pipeline.run.record import Run, fold, forget, prune_folders, sweep
+from pipeline.run.state import STATE_DIR, clear_journals, new_run_id, now_iso, output_lock, state_dir
 from pipeline.stages.mint import policy_hash
 from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
@@ -124,63 +110,89 @@ class Summary:
         }
 
 
-def _fresh(found: Found, entry: dict[str, Any] | None, p_hash: str, since: float) -> dict[str, Any] | None:
-    """The manifest entry if it still describes this file (same bytes, policy, version), else None.
+#: A document's freshness columns in the state database (``StateDB.stamps``).
+_SIZE, _MTIME, _HASH, _POLICY, _VERSION = range(5)
+
+
+def _fresh(found: Found, stamp: tuple[Any, ...] | None, p_hash: str, since: float) -> int | None:
+    """Whether the state still describes this file: its mtime (to record if new), else None.
 
     Trusted after a stat; hashed when the stat is ambiguous (same size, but a new or
-    racy mtime), in which case the entry comes back as a new dict with the new mtime.
+    racy mtime).
     """
-    if not entry or entry.get("policy_hash") != p_hash or entry.get("version") != __version__:
+    if not stamp or stamp[_POLICY] != p_hash or stamp[_VERSION] != __version__:
         return None
     try:
         st = os.stat(found.path)
     except OSError:
         return None
-    if st.st_size != entry.get("size"):
+    if st.st_size != stamp[_SIZE]:
         return None
-    if st.st_mtime_ns == entry.get("mtime_ns") and st.st_mtime < since - _RACY_SECONDS:
-        return entry
+    if st.st_mtime_ns == stamp[_MTIME] and st.st_mtime < since - _RACY_SECONDS:
+        return st.st_mtime_ns
     try:  # the stat is ambiguous: let the content decide
         with open(found.path, "rb") as fh:
-            same = xxhash.xxh3_64_hexdigest(fh.read()) == entry.get("source_hash")
+            same = xxhash.xxh3_64_hexdigest(fh.read()) == stamp[_HASH]
     except OSError:
         return None
-    return {**entry, "mtime_ns": st.st_mtime_ns} if same else None
+    return st.st_mtime_ns if same else None
 
 
-def _files_missing(out: Path, entry: dict[str, Any] | None, listings: dict[str, set[str]]) -> bool:
-    """True when a chunk file the manifest lists is gone: the next run puts it back.
+class _Folders:
+    """Whether a document's chunk files are all there, at a stat per output folder.
 
-    ``listings``: the names in each output folder, listed once per sync and kept there
-    (a stat per chunk file cost a no-op run over 31,000 chunks most of its time).
+    A folder whose mtime is the one recorded when it was last listed and found whole has
+    lost no file since (a removal changes its mtime); another is listed once per sync.
     """
-    for rel_file in (entry or {}).get("files", ()):
-        folder, _, name = rel_file.rpartition("/")
-        names = listings.get(folder)
+
+    def __init__(self, out: Path, db: StateDB, recorded: dict[str, int] | None) -> None:
+        self.out, self.db, self.recorded = out, db, recorded
+        self.listings: dict[str, set[str] | None] = {}
+        self.seen: dict[str, int] = {}  #: folder → mtime when listed now (recorded at the end)
+
+    def missing(self, rel: str) -> bool:
+        if self.recorded is None:  # a few documents (a save in watch): a stat per chunk file
+            return not all(os.path.exists(self.out / f) for f in self.db.files_of(rel))
+        folder = rel.rpartition("/")[0]
+        if folder not in self.listings:
+            self.listings[folder] = self._list(folder)
+        names = self.listings[folder]
         if names is None:
-            try:
-                names = set(os.listdir(out / folder if folder else out))
-            except OSError:  # gone, or unreadable: its files are as good as missing
-                names = set()
-            listings[folder] = names
-        if name not in names:
-            return True
-    return False
+            return False
+        return any(f.rpartition("/")[2] not in names for f in self.db.files_of(rel))
+
+    def _list(self, folder: str) -> set[str] | None:
+        path = self.out / folder if folder else self.out
+        try:
+            st = os.stat(path)
+        except OSError:  # gone, or unreadable: its files are as good as missing
+            return set()
+        if self.recorded is not None and self.recorded.get(folder) == st.st_mtime_ns:
+            return None
+        try:
+            names = set(os.listdir(path))
+        except OSError:
+            return set()
+        if self.recorded is not None and st.st_mtime < time.time() - _RACY_SECONDS:
+            self.seen[folder] = st.st_mtime_ns
+        return names
 
 
-def _drop_name_clashes(found: list[Found], others: dict[str, Any], summary: Summary) -> list[Found]:
+def _drop_name_clashes(
+    found: list[Found], taken: Callable[[str], str | None], summary: Summary
+) -> list[Found]:
     """``a.md`` and ``a.markdown`` would write the same chunk files: keep the first, report the rest.
 
-    ``others`` are the documents this sync leaves as they are; their names are taken.
+    ``taken(name)`` is the document this sync leaves as it is that has that name, if any.
     """
-    mine = {f.rel_path for f in found}
-    owners = {rel.rsplit(".", 1)[0]: rel for rel in others if rel not in mine}
+    owners: dict[str, str] = {}
     kept: list[Found] = []
     for f in found:
         name = f.rel_path.rsplit(".", 1)[0]
-        if name in owners:
+        owner = owners.get(name) or taken(name)
+        if owner is not None:
             summary.failures.append(
-                f"{f.rel_path}: discover: its chunk files would be those of {owners[name]} "
+                f"{f.rel_path}: discover: its chunk files would be those of {owner} "
                 f"(both are doc_{name.rsplit('/', 1)[-1]}) (hint: rename one of them, or --exclude it)"
             )
             continue
@@ -216,23 +228,25 @@ def ingest(
         return session.sync(None, on_start, on_result)
 
 
-def _state_error(out: Path, exc: OSError, *, started: bool = False) -> UsageError:
+def _state_error(out: Path, exc: BaseException, *, started: bool = False) -> UsageError:
     done = "the next run repairs what this one began" if started else "nothing was changed"
+    why = getattr(exc, "strerror", None) or exc
     return UsageError(
-        f"{out / STATE_DIR}: cannot write chunkyard's state ({exc.strerror or exc}); {done} "
+        f"{out / STATE_DIR}: cannot write chunkyard's state ({why}); {done} "
         "(hint: make the output folder writable, or free some space)"
     )
 
 
 class Session:
-    """Holds the output lock and the manifest across syncs (one ``ingest``, or a whole ``watch``).
+    """Holds the output lock and the state database across syncs (one ``ingest``, or a whole ``watch``).
 
-    Crash safety (SPEC §5): before a sync touches a chunk file it records the documents
-    it is about to touch in ``inflight.json``; the manifest is written last and the
-    record removed after it. A session that finds the record left by a run that died
-    re-checks those documents against the disk (untrusted), sweeps the output for
-    orphans and temp files, and announces in the change feed everything the manifest
-    has not seen: the next run converges to what a clean run produces.
+    Crash safety (SPEC §5): before a sync touches a chunk file it records the documents it
+    is about to touch (the ``inflight`` rows); each document is then recorded, with its
+    feed lines, in one transaction; the rows are replaced when the sync ends. A session that finds rows
+    (or the sweep flag) left by a run that died re-checks those documents against the
+    disk (untrusted), sweeps the output for orphans and temp files, and announces in the
+    change feed everything the state has not seen: the next run converges to what a
+    clean run produces.
     """
 
     def __init__(self, opts: Options, on_wait: Callable[[str], None] | None = None) -> None:
@@ -243,12 +257,15 @@ class Session:
         self.opts = opts
         self.on_wait = on_wait
         self.p_hash = policy_hash(opts.policy)
-        self.manifest: dict[str, Any] = {}
+        self.db: StateDB = None  # type: ignore[assignment]  # opened by __enter__
         #: documents a run that died was working on: re-checked against the disk
         self.recovering: set[str] = set()
         #: the output may hold orphans or temp files: sweep it on the next whole-corpus sync
         self.sweep_due = False
-        self._redirects: dict[str, str] | None = None
+        #: said once, with the first sync's warnings (a migration from manifest.json)
+        self.notes: list[str] = []
+        #: the documents the last sync removed, with how many chunk files each had
+        self.gone: dict[str, int] = {}
         self._lock: Any = None
         self._pool: GuardPool | RayExecutor | None = None
         #: the output held no chunk file when the session began (until its first sync)
@@ -258,13 +275,19 @@ class Session:
         self._lock = output_lock(self.opts.out, self.opts.wait, self.on_wait)
         self._lock.__enter__()
         try:
-            self.manifest = load_manifest(self.opts.out)
-            inflight = load_inflight(self.opts.out)
+            self.db = StateDB(db_path(state_dir(self.opts.out)))
+            note = migrate(self.opts.out, self.db)
+            if note:
+                self.notes.append(note)
+            inflight = self.db.inflight()
+        except StateError as exc:
+            self._lock.__exit__(None, None, None)
+            raise _state_error(self.opts.out, exc) from None
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
-        self.recovering, sweep = inflight or (set(), False)
-        self.sweep_due = sweep or not self.manifest.get("docs")
+        self.recovering, sweep_flag = inflight or (set(), False)
+        self.sweep_due = sweep_flag or not self.db.has_docs()
         self._empty_out = _holds_nothing(self.opts.out)
         return self
 
@@ -272,6 +295,8 @@ class Session:
         if self._pool is not None:  # first: a live worker holds a copy of the lock
             self._pool.close()
             self._pool = None
+        if self.db is not None:
+            self.db.close()
         self._lock.__exit__(*exc)
 
     def results(self, jobs: list[Job]) -> Iterator[DocResult]:
@@ -302,12 +327,9 @@ class Session:
             self._pool = GuardPool(opts.jobs, opts.doc_timeout, opts.doc_memory_mb)
         return self._pool.run(jobs)
 
-    @property
-    def redirects(self) -> dict[str, str]:
-        """The redirect map (``redirects.json``), loaded on first use."""
-        if self._redirects is None:
-            self._redirects = load_redirects(self.opts.out)
-        return self._redirects
+    def entry(self, rel: str) -> dict[str, Any] | None:
+        """The state's entry of one document (as the manifest had it), or None."""
+        return self.db.entry(rel)
 
     def _job(
         self, f: Found, entry: dict[str, Any] | None, processed_at: str, trusted: bool, fresh: bool = False
@@ -331,6 +353,14 @@ class Session:
             fresh,
         )
 
+    def _header(self) -> dict[str, str]:
+        return {
+            "version": __version__,
+            "policy_hash": self.p_hash,
+            "policy": _dumps(self.opts.policy.as_dict()),
+            "corpus": str(self.opts.corpus.resolve()),
+        }
+
     def sync(
         self,
         paths: Iterable[str] | None = None,
@@ -340,79 +370,92 @@ class Session:
         """Bring the output up to date: the whole corpus, or only ``paths`` (corpus-relative).
 
         A path that is no longer a document (deleted, renamed away, excluded) has its
-        chunk files removed. Each document's chunk files are written first and its lines
-        of the change feed right after; stale files are removed next (and announced),
-        then the feed is made durable, the redirect map written, and the manifest last.
+        chunk files removed. Each document's chunk files are written first, then its
+        state, its lines of the change feed, its stale files' removal and its redirects
+        are committed together; documents that are gone are recorded next, then the
+        sweep (after a crash, or ``--full``), then the run's header.
         """
-        opts = self.opts
         run_id = new_run_id()
-        run = _Run(
-            opts,
+        run = Run(
+            self.opts,
             self.p_hash,
             run_id,
-            int(self.manifest.get("generation", 0)) + 1,
+            self.db.meta_int("generation") + 1,
             Summary(run_id),
-            self.manifest.get("docs", {}),
-            {},
+            self.db,
             set(self.recovering),
-            Feed(opts.out),
         )
-        try:
-            return self._sync(run, paths, on_start, on_result)
-        finally:
-            run.feed.close()  # written and made durable by then, unless the sync stopped early
+        run.whole = paths is None
+        run.summary.warnings.extend(self.notes)
+        self.notes = []
+        return self._sync(run, paths, on_start, on_result)
 
     def _sync(
         self,
-        run: _Run,
+        run: Run,
         paths: Iterable[str] | None,
         on_start: Callable[[int], None] | None,
         on_result: Callable[[DocResult], None] | None,
     ) -> Summary:
-        opts = self.opts
-        summary, old_docs = run.summary, run.old_docs
+        opts, db = self.opts, self.db
+        summary = run.summary
         started = time.perf_counter()
-        since = float(self.manifest.get("written_at_epoch", 0.0))
+        since = float(db.meta("written_at_epoch") or 0.0)
         if paths is None:
+            stamps = db.stamps()  # narrow rows: O(documents), never the chunk lists
             blind: list[str] = []  # folders it could not list: their documents keep their chunks
             found, problems = discover(opts.corpus, opts.out, opts.exclude, unreadable=blind)
             summary.failures.extend(problems)
-            considered = set(old_docs) | {f.rel_path for f in found}
-            hidden = {rel for rel in old_docs if any(not b or rel.startswith(b + "/") for b in blind)}
-            considered -= hidden
-            run.new_docs.update((rel, old_docs[rel]) for rel in hidden)
+            hidden = {rel for rel in stamps if any(not b or rel.startswith(b + "/") for b in blind)}
+            held = {rel.rsplit(".", 1)[0]: rel for rel in hidden}
+            found = _drop_name_clashes(found, held.get, summary)
+            present = {f.rel_path for f in found}
+            gone = sorted(rel for rel in stamps if rel not in present and rel not in hidden)
+            folders = _Folders(opts.out, db, db.folder_mtimes())
         else:
             wanted = sorted(set(paths))
             found = [f for f in (find_one(opts.corpus, rel, opts.out, opts.exclude) for rel in wanted) if f]
             considered = set(wanted)
-            run.new_docs = {rel: e for rel, e in old_docs.items() if rel not in considered}
-        new_docs = run.new_docs
-        found = _drop_name_clashes(found, new_docs, summary)
+
+            def taken(name: str) -> str | None:
+                return next((r for r in db.rels_named(name) if r not in considered), None)
+
+            found = _drop_name_clashes(found, taken, summary)
+            present = {f.rel_path for f in found}
+            stamps = {rel: s for rel in wanted if (s := db.stamp(rel)) is not None}
+            gone = sorted(rel for rel in wanted if rel in stamps and rel not in present)
+            folders = _Folders(opts.out, db, None)
         summary.documents = len(found)
         processed_at = now_iso()
         empty_out, self._empty_out = self._empty_out, False  # true for the first sync at most
         jobs: list[Job] = []
-        listings: dict[str, set[str]] = {}
+        touched_mtimes: dict[str, int] = {}
         for f in found:
-            entry = old_docs.get(f.rel_path)
-            forced = opts.full or f.rel_path in self.recovering or _files_missing(opts.out, entry, listings)
-            fresh = None if forced else _fresh(f, entry, self.p_hash, since)
-            if fresh is not None:
-                new_docs[f.rel_path] = fresh
+            stamp = stamps.get(f.rel_path)
+            forced = (
+                opts.full
+                or f.rel_path in self.recovering
+                or (stamp is not None and folders.missing(f.rel_path))
+            )
+            mtime = None if forced else _fresh(f, stamp, self.p_hash, since)
+            if mtime is not None:
+                if stamp is not None and mtime != stamp[_MTIME]:
+                    touched_mtimes[f.rel_path] = mtime
                 summary.skipped += 1
                 continue
-            jobs.append(self._job(f, entry, processed_at, trusted=not forced, fresh=empty_out))
-        present = {f.rel_path for f in found}
-        gone = sorted(rel for rel in considered if rel in old_docs and rel not in present)
-        sweep = paths is None and (opts.full or self.sweep_due)
+            jobs.append(self._job(f, db.entry(f.rel_path), processed_at, trusted=not forced, fresh=empty_out))
+        del stamps
+        sweep_now = paths is None and (opts.full or self.sweep_due)
         touched = {j.rel_path for j in jobs} | set(gone)
-        if sweep:  # in-flight documents that are gone and were never in the manifest: the sweep
-            touched |= self.recovering - present - old_docs.keys()  # removes their orphans
-        if touched or sweep:
-            try:  # before the first chunk file is touched (crash safety)
-                save_inflight(opts.out, run.run_id, touched | self.recovering)
-            except OSError as exc:
-                raise _state_error(opts.out, exc) from None
+        if sweep_now:  # in-flight documents that are gone and were never recorded: the sweep
+            touched |= self.recovering - present  # removes their orphans
+        header = self._header()
+        header_moved = any(db.meta(k) != v for k, v in header.items())
+        try:
+            if touched or sweep_now or header_moved or touched_mtimes:
+                self._begin(run, touched, sweep_now, header, touched_mtimes)
+        except Exception as exc:  # noqa: BLE001 - sqlite3.Error or OSError: nothing was changed
+            raise _state_error(opts.out, exc) from None
         if on_start is not None:
             on_start(len(jobs))
         if jobs:
@@ -420,304 +463,116 @@ class Session:
 
             counter(opts.policy.tokenizer)  # load once, before the pool forks
         for result in self.results(jobs):
-            _record(result, run)
+            fold(result, run)
             if on_result is not None:
                 on_result(result)
-        _widen_collisions(found, run, processed_at, self)
-        for entry in new_docs.values():
-            summary.chunks += len(entry["files"])
-            summary.tokens += int(entry.get("tokens", 0))
-        _renames(gone, run)
+        del jobs
+        self._widen_collisions(found, run, processed_at)
+        self.gone = {}
+        for rel in gone:
+            entry_files = len(db.files_of(rel))
+            forget(run, rel)
+            self.gone[rel] = entry_files
         # an output that was empty holds only what this run wrote, unless a document failed
         # (a worker stopped while renaming can leave temp files): no orphans to look for
-        walk_out = sweep and not (empty_out and not summary.failures)
-        removed, left = _remove_stale(run, considered, sweep=walk_out)
-        summary.removed = len(removed)
-        redirects = self._update_redirects(run)
-        run.seal()
-        dirty = (
-            run.feed.used
-            or redirects is not None
-            or new_docs.keys() != old_docs.keys()
-            or any(new_docs[rel] is not old_docs.get(rel) for rel in new_docs)
-            or any(self.manifest.get(k) != v for k, v in self._header().items())
-        )
-        if dirty:
-            manifest = {
-                **self._header(),
-                "generation": run.generation,
-                "run_id": run.run_id,
-                "written_at": now_iso(),
-                "written_at_epoch": time.time(),
-                "docs": new_docs,
-            }
-            try:
-                run.feed.finish()  # first: a run that dies after it says it again
-                reached("state-commit")
-                if redirects is not None:
-                    save_redirects(opts.out, redirects)
-                save_manifest(opts.out, manifest)
-            except OSError as exc:  # the next run repairs from inflight.json; say so, exit 2
-                summary.failures.append(str(_state_error(opts.out, exc, started=True)))
-                summary.state_error = True
-                self.recovering |= touched
-                self.sweep_due = True
-                self._redirects = None
-                summary.seconds = time.perf_counter() - started
-                return summary
-            self.manifest = manifest
-            if redirects is not None:
-                self._redirects = redirects
-        # the manifest is true now: what is left to recover are documents whose files may
-        # not be what it says (a failed write), and a sweep if a stale file would not go
+        if sweep_now and not (empty_out and not summary.failures):
+            sweep(run)
+        prune_folders(opts.out, run.emptied)
+        summary.chunks = db.meta_int("chunks")
+        summary.tokens = db.meta_int("tokens")
+        if run.error is not None:  # the next run repairs from the in-flight rows; say so, exit 2
+            summary.failures.append(str(_state_error(opts.out, run.error, started=True)))
+            summary.state_error = True
+            self.recovering |= touched
+            self.sweep_due = True
+            summary.seconds = time.perf_counter() - started
+            return summary
+        # the state is true now: what is left to recover are documents whose files may not
+        # be what it says (a failed write), and a sweep if a stale file would not go
         self.recovering = (self.recovering - touched) | run.unsafe
-        self.sweep_due = (self.sweep_due and not sweep) or left
-        try:
-            if self.recovering or self.sweep_due:
-                save_inflight(opts.out, run.run_id, self.recovering, sweep=self.sweep_due)
-            elif touched or sweep:
-                clear_inflight(opts.out)
-            if sweep and not self.recovering:
+        sweep_was = self.sweep_due
+        self.sweep_due = (self.sweep_due and not sweep_now) or run.left
+        with suppress(Exception):  # harmless if it fails: the next run re-checks what this one touched
+            if touched or sweep_now or sweep_was != self.sweep_due or folders.seen:
+                with db.transaction():
+                    db.set_inflight(self.recovering, sweep=self.sweep_due)
+                    db.set_meta(written_at=now_iso(), made_since=0)
+                    db.set_folder_mtimes({f: m for f, m in folders.seen.items() if f not in run.recorded})
+                    db.set_folder_mtimes(_mtimes(opts.out, run.recorded))  # after our last change to them
+            if feed_mod.due(db):
+                feed_mod.compact(db)
+            if sweep_now and not self.recovering:
                 clear_journals(opts.out)
             else:
                 clear_journals(opts.out, (run.vanished | touched) - self.recovering)
-        except OSError:
-            pass  # harmless: the next run re-checks a few documents
         summary.seconds = time.perf_counter() - started
         return summary
 
-    def _header(self) -> dict[str, Any]:
-        return {
-            "format": MANIFEST_FORMAT,
-            "version": __version__,
-            "policy_hash": self.p_hash,
-            "policy": self.opts.policy.as_dict(),
-            "corpus": str(self.opts.corpus.resolve()),
-        }
+    def _begin(
+        self, run: Run, touched: set[str], sweep_now: bool, header: dict[str, str], mtimes: dict[str, int]
+    ) -> None:
+        """Before the first chunk file is touched (crash safety): the in-flight rows, the header."""
+        db = self.db
+        with db.transaction():
+            if touched or sweep_now:
+                db.set_inflight(touched | self.recovering, sweep=True)
+                db.set_meta(generation=run.generation, run_id=run.run_id)
+                # a run that died left its chunks of generation made_since: still "made now"
+                run.made_since = db.meta_int("made_since") or run.generation
+                db.set_meta(made_since=run.made_since)
+            db.set_meta(**header)
+            for rel, mtime in mtimes.items():
+                db.touch_doc(rel, mtime)
 
-    def _update_redirects(self, run: _Run) -> dict[str, str] | None:
-        """Fold this run's redirects into the map (chains collapsed); None when it is unchanged."""
-        if not run.fresh and not (run.vanished and self.redirects):
-            return None
-        live = {cid for entry in run.new_docs.values() for cid in entry.get("chunk_ids", ())}
-        before = self.redirects
-        after = collapse(before, run.fresh, live)
-        if after == before:
-            return None
-        for old, new in sorted(changes(before, after).items()):
-            run.summary.redirects += 1
-            run.say(
-                "ingest.redirect",
-                old=old,
-                new=new,
-                chunk_id=new,
-                hash=run.new_hashes.get(new, ""),
-                match=run.how.get(old, "chain"),
-            )
-        run.seal()
-        return after
+    def _widen_collisions(self, found: list[Found], run: Run, processed_at: str) -> None:
+        """``doc_uid|r`` must be unique in the corpus: widen ``r=`` to 12 hex on a collision (000).
 
-
-@dataclass(slots=True)
-class _Run:
-    """One sync's working state."""
-
-    opts: Options
-    p_hash: str
-    run_id: str
-    generation: int
-    summary: Summary
-    old_docs: dict[str, dict[str, Any]]
-    new_docs: dict[str, dict[str, Any]]
-    recovering: set[str]  #: documents whose files the manifest may not describe
-    #: the change feed: lines are serialized as they come (while the workers still run)
-    #: and written per document (``seal``), so the run holds none of them in memory
-    feed: Feed
-    said: list[bytes] = field(default_factory=list)  #: lines not written yet (``seal``)
-    fresh: dict[str, str] = field(default_factory=dict)  #: old chunk_id → new, found now
-    how: dict[str, str] = field(default_factory=dict)  #: old chunk_id → how it was matched
-    vanished: set[str] = field(default_factory=set)  #: documents some of whose old ids went
-    unsafe: set[str] = field(default_factory=set)  #: documents whose write failed half-way
-    new_hashes: dict[str, str] = field(default_factory=dict)  #: chunk_id → hash, chunks made now
-
-    def say(self, kind: str, *, ts: str | None = None, **fields: Any) -> None:
-        """One change-feed line (the 004 envelope, ``state.event``); ``seal`` files it."""
-        self.said.append(orjson.dumps(event(kind, self.run_id, self.generation, ts=ts, **fields)))
-
-    def seal(self) -> None:
-        """The lines said since the last ``seal``, appended to the feed as one block."""
-        if self.said:
-            self.feed.append(b"\n".join(self.said))
-            self.said.clear()
+        A query per document recorded now (the index on ``uid_rev``), not a sort of the corpus.
+        """
+        summary, db = run.summary, self.db
+        paths: dict[str, Found] = {}  # built on the first collision only
+        seen: set[str] = set()
+        for key in sorted(set(run.processed.values())):
+            if not key or key in seen:
+                continue
+            seen.add(key)
+            owners = db.rels_with_uid_rev(key)
+            for rel, width in owners[1:]:
+                first = owners[0][0]
+                if not paths:
+                    paths.update((f.rel_path, f) for f in found)
+                if width >= 12 or rel not in paths:
+                    summary.failures.append(
+                        f"{rel}: mint: chunk ids collide with {first} "
+                        "(hint: give each document a unique doc_id in its front matter)"
+                    )
+                    continue
+                summary.warnings.append(f"{rel}: mint: doc_uid|r collides with {first}; r= widened to 12 hex")
+                job = self._job(paths[rel], db.entry(rel), processed_at, trusted=True)
+                job.rev_width = 12
+                result = next(iter(self.results([job])))
+                fold(result, run, rev_width=12)
+                summary.processed -= 1
 
 
-def _record(result: DocResult, run: _Run) -> None:
-    """Fold one document's result into the new manifest, the summary, the feed and the redirects."""
-    summary, rel = run.summary, result.rel_path
-    summary.processed += 1
-    summary.warnings.extend(result.warnings)
-    for stage, secs in result.seconds.items():
-        summary.stage_seconds[stage] = summary.stage_seconds.get(stage, 0.0) + secs
-    prev = run.old_docs.get(rel, {})
-    if result.error is not None:
-        summary.failures.append(result.error)
-        if result.unsafe or rel in run.recovering:
-            run.unsafe.add(rel)  # its files may not be what the manifest says: re-check next time
-        if rel in run.old_docs:  # a failed document keeps its previous chunks
-            run.new_docs[rel] = run.old_docs[rel]
-        return
-    summary.bytes += result.size
-    summary.added += len(result.added)
-    summary.changed += len(result.changed)
-    summary.unchanged += len(result.files) - len(result.added) - len(result.changed)
-    summary.written += result.written
-    run.new_docs[rel] = {
-        "source_hash": result.source_hash,
-        "size": result.size,
-        "mtime_ns": result.mtime_ns,
-        "policy_hash": run.p_hash,
-        "version": __version__,
-        "uid_rev": result.uid_rev,
-        "rev_width": int(prev.get("rev_width", 8)) if prev.get("uid_rev") == result.uid_rev else 8,
-        "files": result.files,
-        "ids": result.ids,
-        "chunk_ids": result.chunk_ids,
-        "hashes": result.hashes,
-        "digests": result.digests,
-        "tokens": result.tokens,
-    }
-    run.new_hashes.update(zip(result.chunk_ids, result.hashes, strict=True))
-    if set(prev.get("chunk_ids", ())) - set(result.chunk_ids):
-        run.vanished.add(rel)
-    for old, (new, how) in result.redirects.items():
-        run.fresh[old] = new
-        run.how[old] = how
-    before = dict(zip(prev.get("files", ()), prev.get("chunk_ids", ()), strict=False))
-    added = set(result.added)
-    moved = added | set(result.changed)
-    # one document's writes, one moment: the envelope is built once, each line adds what moved
-    # (a dict spread keeps the envelope's key order; ``mem_hash`` keeps its place)
-    base = event("ingest.write", run.run_id, run.generation)
-    said, dumps, ids, chunk_ids, hashes = run.said, orjson.dumps, result.ids, result.chunk_ids, result.hashes
-    for i, file in enumerate(result.files):
-        if file not in moved:
-            continue
-        chunk_id, digest = chunk_ids[i], hashes[i]
-        line = {
-            **base,
-            "mem_hash": digest,
-            "file": file,
-            "id": ids[i],
-            "chunk_id": chunk_id,
-            "hash": digest,
-            "source": rel,
-            "change": "added" if file in added else "changed",
-        }
-        if before.get(file, chunk_id) != chunk_id:
-            line["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
-        said.append(dumps(line))
-    run.seal()
+def _mtimes(out: Path, folders: Iterable[str]) -> dict[str, int]:
+    """The mtimes of output folders this sync wrote into, once it is done with them.
 
-
-def _widen_collisions(found: list[Found], run: _Run, processed_at: str, session: Session) -> None:
-    """``doc_uid|r`` must be unique in the corpus: widen ``r=`` to 12 hex on a collision (000)."""
-    owners: dict[str, str] = {}
-    paths = {f.rel_path: f for f in found}
-    new_docs, summary = run.new_docs, run.summary
-    for rel in sorted(new_docs):
-        key = new_docs[rel].get("uid_rev", "")
-        if not key:
-            continue
-        if key not in owners:
-            owners[key] = rel
-            continue
-        if int(new_docs[rel].get("rev_width", 8)) >= 12 or rel not in paths:
-            summary.failures.append(
-                f"{rel}: mint: chunk ids collide with {owners[key]} "
-                "(hint: give each document a unique doc_id in its front matter)"
-            )
-            continue
-        summary.warnings.append(f"{rel}: mint: doc_uid|r collides with {owners[key]}; r= widened to 12 hex")
-        job = session._job(paths[rel], new_docs[rel], processed_at, trusted=True)
-        job.rev_width = 12
-        result = next(iter(session.results([job])))
-        _record(result, run)
-        summary.processed -= 1
-        if result.error is None:
-            new_docs[rel]["rev_width"] = 12
-
-
-def _renames(gone: list[str], run: _Run) -> None:
-    """Chunks of a deleted document found byte for byte in a document made now: a rename (SPEC §3)."""
-    run.vanished.update(rel for rel in gone if rel not in run.new_docs)
-    if not gone or not run.new_hashes:
-        return
-    old = [
-        (cid, digest)
-        for rel in gone
-        if rel not in run.new_docs
-        for cid, digest in zip(
-            run.old_docs[rel].get("chunk_ids", ()), run.old_docs[rel].get("hashes", ()), strict=False
-        )
-        if cid not in run.new_hashes
-    ]
-    new = [(cid, digest) for cid, digest in run.new_hashes.items()]
-    for old_id, r in match_by_hash(old, new).items():
-        run.fresh.setdefault(old_id, r.new)
-        run.how.setdefault(old_id, r.how)
-
-
-def _remove_stale(run: _Run, considered: set[str], *, sweep: bool) -> tuple[list[str], bool]:
-    """Delete chunk files no document claims any more (shrunk, renamed or deleted documents).
-
-    With ``sweep`` the whole output folder is walked too, so orphans of an
-    interrupted run or a lost manifest, and temp files, go as well. Returns the
-    files removed, and whether some file could not be removed.
+    Taken at the end, because writing into a folder's subfolders (making one) moves its
+    mtime too. A chunk file deleted by hand while a sync runs is found by ``--full`` or
+    ``validate``, not by the next run.
     """
-    out, old_docs, new_docs = run.opts.out, run.old_docs, run.new_docs
-    known: dict[str, tuple[str, str, str, str]] = {}
-    for rel in considered:
-        entry = old_docs.get(rel)
-        if not entry or new_docs.get(rel) is entry:
-            continue  # skipped, or kept after a failure: nothing of it is stale
-        now = set(new_docs[rel]["files"]) if rel in new_docs else set()
-        for i, f in enumerate(entry.get("files", [])):
-            if f not in now:
-                known[f] = (rel, entry["ids"][i], entry["chunk_ids"][i], entry["hashes"][i])
-    if not known and not sweep:
-        return [], False
-    keep = {f for entry in new_docs.values() for f in entry["files"]}
-    doomed = sorted(f for f in known if f not in keep)
-    if sweep:
-        doomed = sorted(set(doomed) | set(_orphans(out, keep)))
-    removed: list[str] = []
-    left = False
-    for rel_file in doomed:
-        name = rel_file.rsplit("/", 1)[-1]
-        is_tmp = name.startswith(".") and name.endswith(".tmp")
-        info = known.get(rel_file) or (None if is_tmp else _describe(out / rel_file))
-        try:
-            os.unlink(out / rel_file)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            left = True
-            continue
-        if is_tmp:
-            continue
-        removed.append(rel_file)
-        src, chunk_ref, chunk_id, digest = info or ("", "", "", "")
-        run.say("ingest.delete", file=rel_file, id=chunk_ref, chunk_id=chunk_id, hash=digest, source=src)
-    run.seal()
-    for folder in sorted({str(Path(f).parent) for f in removed}, key=len, reverse=True):
-        path = out / folder
-        while folder not in ("", ".") and path != out:
-            try:
-                path.rmdir()  # only succeeds when empty
-            except OSError:
-                break
-            path = path.parent
-    return removed, left
+    found: dict[str, int] = {}
+    for folder in folders:
+        with suppress(OSError):
+            found[folder] = os.stat(out / folder if folder else out).st_mtime_ns
+    return found
+
+
+def _dumps(value: Any) -> str:
+    import orjson
+
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _holds_nothing(out: Path) -> bool:
@@ -727,25 +582,3 @@ def _holds_nothing(out: Path) -> bool:
             return all(e.name == STATE_DIR for e in entries)
     except OSError:
         return False
-
-
-def _describe(path: Path) -> tuple[str, str, str, str] | None:
-    """``(source, id, chunk_id, hash)`` of an orphan chunk file, for its delete event."""
-    try:
-        rec = orjson.loads(path.read_bytes())
-        meta = rec.get("metadata") or {}
-        return (str(meta.get("sourceFile", "")), str(rec["id"]), str(rec["chunk_id"]), str(rec["hash"]))
-    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _orphans(out: Path, keep: set[str]) -> Iterator[str]:
-    """Chunk files and temp files under ``out`` that no manifest entry claims."""
-    for dirpath, dirnames, filenames in walk(out):  # not os.walk: it recurses per level
-        dirnames[:] = [d for d in dirnames if d != STATE_DIR]
-        rel_dir = os.path.relpath(dirpath, out).replace(os.sep, "/")
-        for name in filenames:
-            rel_file = name if rel_dir == "." else f"{rel_dir}/{name}"
-            is_tmp = name.startswith(".") and name.endswith(".tmp")
-            if is_tmp or (name.startswith("doc_") and name.endswith(".json") and rel_file not in keep):
-                yield rel_file

@@ -60,6 +60,7 @@ from watchdog.observers.polling import PollingObserver
 
 from pipeline.run.discover import SKIP_DIRS, discover, excluded, find_one, is_document
 from pipeline.run.ingest import Options, Session, Summary
+from pipeline.run.watchlimit import FolderPoller, limit_warning, unwatched
 from pipeline.run.worker import DocResult
 
 DEFAULT_DEBOUNCE = 0.05
@@ -175,6 +176,7 @@ class Watcher:
         polling: use watchdog's polling observer (network and FUSE file systems).
         on_sync: called with each ``SyncReport``.
         on_wait: called with the holder's name while waiting for the output lock.
+        on_warning: called once if inotify cannot watch every folder (``watchlimit.py``).
     """
 
     def __init__(
@@ -185,8 +187,13 @@ class Watcher:
         polling: bool = False,
         on_sync: OnSync | None = None,
         on_wait: Callable[[str], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self.opts = opts
+        self.on_warning = on_warning
+        self.warnings: list[str] = []  #: what ``on_warning`` was told
+        #: polls the folders inotify refused (past ``fs.inotify.max_user_watches``)
+        self._poller: FolderPoller | None = None
         self.debounce = debounce
         self.max_delay = max(MAX_DELAY, 10 * debounce)
         self.polling = polling
@@ -227,6 +234,8 @@ class Watcher:
         if observer is not None:
             observer.stop()
             observer.join()
+        if self._poller is not None:
+            self._poller.stop()
         self._observer_gone.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -321,17 +330,51 @@ class Watcher:
         with self._cond:
             if self._stopping:
                 return
-            if self.polling:
-                observer: BaseObserver = PollingObserver(timeout=POLL_INTERVAL)
-            else:
-                from watchdog.observers import Observer
-
-                observer = Observer()
-            observer.schedule(_Handler(self), str(self._root), recursive=True, event_filter=EVENT_TYPES)
-            observer.start()
-            self._observer = observer
+            self._observer = self._start_observer()
         self._run_sync(None, initial=False, quiet_if_idle=True)
         self.ready.set()
+
+    def _start_observer(self) -> BaseObserver:
+        """inotify (or polling if asked); past the inotify limit, polling for what it refused."""
+        handler = _Handler(self)
+        if not self.polling:
+            from watchdog.observers import Observer
+
+            observer: BaseObserver = Observer()
+            observer.schedule(handler, str(self._root), recursive=True, event_filter=EVENT_TYPES)
+            try:
+                observer.start()
+            except OSError as exc:  # the root refused (ENOSPC: the watch limit; EMFILE: instances)
+                observer.stop()
+                self._warn(limit_warning(0, 0, root_refused=True) + f" [{exc.strerror or exc}]")
+            else:
+                self._poll_refused()
+                return observer
+        observer = PollingObserver(timeout=POLL_INTERVAL)
+        observer.schedule(handler, str(self._root), recursive=True, event_filter=EVENT_TYPES)
+        observer.start()
+        return observer
+
+    def _poll_refused(self) -> None:
+        """Compare the folders with the watches inotify holds; poll the ones it does not."""
+        found = unwatched(str(self._root), lambda path: self.relative(path, True) is None)
+        if not found or not found[0]:
+            return
+        missing, total = found
+        self._warn(limit_warning(len(missing), total))
+
+        def changed(path: str, is_dir: bool) -> None:
+            rel = self.relative(path, is_dir)
+            if rel:
+                self.mark([(rel, is_dir)])
+
+        self._poller = FolderPoller(missing, POLL_INTERVAL, changed)
+        self._poller.start()
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        if self.on_warning is not None:
+            self.on_warning(message)
 
     def _next_batch(self) -> dict[_Key, _Mark] | None:
         """Wait for the next ripe batch: paths quiet for ``debounce``, with their rename partners."""
@@ -360,14 +403,10 @@ class Watcher:
                     return {k: self._pending.pop(k) for k in keys if k in self._pending}
                 self._cond.wait(min(due.values()) - now if due else None)
 
-    def _docs(self) -> dict[str, dict[str, Any]]:
-        docs: dict[str, dict[str, Any]] = self._session.manifest.get("docs", {})
-        return docs
-
     def _expand(self, folder: str) -> set[str]:
-        """Documents the manifest has under ``folder``, and those there now."""
+        """Documents the state has under ``folder``, and those there now."""
         prefix = folder + "/"
-        paths = {rel for rel in self._docs() if rel.startswith(prefix)}
+        paths = set(self._session.db.rels_under(prefix))
         top = self.opts.corpus / folder
         if top.is_dir():
             found, _ = discover(top, self.opts.out)
@@ -376,13 +415,15 @@ class Watcher:
 
     def _sync_batch(self, batch: dict[_Key, _Mark]) -> None:
         try:
-            docs = self._docs()
+            db = self._session.db
             paths: set[str] = set()
             for rel, is_folder in batch:
                 paths.update(self._expand(rel) if is_folder else (rel,))
             opts = self.opts
             paths = {
-                p for p in paths if p in docs or find_one(opts.corpus, p, opts.out, opts.exclude) is not None
+                p
+                for p in paths
+                if db.stamp(p) is not None or find_one(opts.corpus, p, opts.out, opts.exclude) is not None
             }
             if not paths:
                 return
@@ -405,16 +446,21 @@ class Watcher:
         renames: dict[str, str] | None = None,
         quiet_if_idle: bool = False,
     ) -> None:
-        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync``."""
-        docs = self._docs()
-        old = {
-            rel: list(docs[rel].get("files", ()))
-            for rel in (docs if paths is None else (p for p in paths if p in docs))
-        }
-        results: dict[str, DocResult] = {}
+        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync``.
+
+        Only what the report needs is kept of each result (never its chunk lists), and the
+        state is asked about the documents synced, never the whole corpus.
+        """
+        db = self._session.db
+        old = {p: len(db.files_of(p)) for p in paths or ()}
+        results: dict[str, _Done] = {}
+
+        def keep(r: DocResult) -> None:
+            results[r.rel_path] = _Done(r.error, len(r.added) + len(r.changed), len(r.files), _ms(r))
+
         started = time.monotonic()
         try:
-            summary = self._session.sync(paths, on_result=lambda r: results.__setitem__(r.rel_path, r))
+            summary = self._session.sync(paths, on_result=keep)
         except Exception as exc:  # noqa: BLE001 - a bug or a full disk: report it, keep watching
             ms = (time.monotonic() - started) * 1000
             report = SyncReport(Summary(""), (), ms, 0.0, initial, f"sync failed: {exc!r}")
@@ -423,10 +469,10 @@ class Watcher:
                 self.fatal = report.error
             return
         ended = time.monotonic()
-        new = self._docs()
-        names = set(results) | (set(old) - set(new)) if paths is None else set(paths)
+        gone = self._session.gone
+        names = set(results) | set(gone) if paths is None else set(paths)
         changes = tuple(
-            _change(rel, old.get(rel), new.get(rel), results.get(rel), (renames or {}).get(rel))
+            _change(rel, old.get(rel, gone.get(rel, 0)), db, results.get(rel), (renames or {}).get(rel))
             for rel in sorted(names)
         )
         for change in changes:
@@ -444,27 +490,30 @@ class Watcher:
             self.on_sync(report)
 
 
-def _change(
-    rel: str,
-    old_files: list[str] | None,
-    entry: dict[str, Any] | None,
-    result: DocResult | None,
-    renamed_from: str | None,
-) -> DocChange:
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """What a sync's report keeps of one document's result."""
+
+    error: str | None
+    written: int
+    files: int
+    ms: float
+
+
+def _change(rel: str, old_files: int, db: Any, done: _Done | None, renamed_from: str | None) -> DocChange:
     """One document's line: files written, unchanged and removed by the sync."""
-    new_files = list(entry.get("files", ())) if entry else []
-    removed = len(set(old_files or ()) - set(new_files))
-    if result is not None and result.error is not None:
-        return DocChange(rel, "failed", unchanged=len(new_files), ms=_ms(result), error=result.error)
-    if result is not None:
-        written = len(result.added) + len(result.changed)
-        status: Status = "chunked"
+    stamp = db.stamp(rel)
+    new_files = len(db.files_of(rel)) if stamp is not None else 0
+    if done is not None and done.error is not None:
+        return DocChange(rel, "failed", unchanged=new_files, ms=done.ms, error=done.error)
+    if done is not None:
+        removed = max(0, old_files - done.files)
         return DocChange(
-            rel, status, written, len(new_files) - written, removed, _ms(result), None, renamed_from
+            rel, "chunked", done.written, done.files - done.written, removed, done.ms, None, renamed_from
         )
-    if entry is None:
-        return DocChange(rel, "removed", removed=removed)
-    return DocChange(rel, "unchanged", unchanged=len(new_files))
+    if stamp is None:
+        return DocChange(rel, "removed", removed=old_files)
+    return DocChange(rel, "unchanged", unchanged=new_files)
 
 
 def _ms(result: DocResult) -> float:

@@ -81,6 +81,8 @@ class DocResult:
     hashes: list[str] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
+    #: xxh3 of each chunk's ``embedText``: the feed says ``text`` when it is new to the document
+    embeds: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)  #: files new since the manifest
     changed: list[str] = field(default_factory=list)  #: files whose content moved since the manifest
     written: int = 0  #: files actually written (a repair after a crash can need fewer)
@@ -126,6 +128,7 @@ def process_document(job: Job, before_write: Callable[[], None] | None = None) -
             result.chunk_ids.append(rec["chunk_id"])
             result.hashes.append(rec["hash"])
             result.digests.append(stable_digest(rec))
+            result.embeds.append(xxhash.xxh3_64_hexdigest(rec["embedText"].encode("utf-8")))
             result.tokens += rec["tokenStats"]["tokens"]
         if chunks:
             result.uid_rev = chunks[0].record["chunk_id"].split("|s=", 1)[0]

@@ -1,0 +1,429 @@
+"""chunkyard's state database, ``CHUNKS/.chunkyard/state.sqlite`` (SPEC §5, §10).
+
+One SQLite file (stdlib ``sqlite3``, WAL) holds what ``manifest.json``, ``redirects.json``,
+``inflight.json`` and ``changes.jsonl`` held, so that a change costs the rows it touches:
+
+- ``docs``: one row per document (its freshness: size, mtime, source hash, policy, version);
+  ``entries``: the document's lists (files, ids, chunk ids, hashes, digests), apart so that a
+  no-change run reads only the narrow rows;
+- ``chunks``: one row per chunk file (document, number, file, id, chunk_id, hash, the
+  generation that made it): corpus-wide questions (who claims a file, is an id live, which
+  new chunk has this hash) are indexed queries;
+- ``redirects``: old ``chunk_id`` → live ``chunk_id``;
+- ``inflight``: documents a sync is touching, written before it touches any and replaced
+  when it ends: what a killed run leaves is what to re-check;
+- ``feed``: the change feed, one row per line with its sequence number (``feed.py``);
+- ``folders``: an output folder's mtime when it was last listed and found whole, so a
+  no-change run stats a folder instead of listing it;
+- ``meta``: the header (format, version, policy, corpus), the generation, counters.
+
+Each document is recorded in one transaction (its rows, its feed lines, its redirects, its
+stale files' deletes): SQLite's atomic commit is what the manifest's
+rename was. Only the parent process opens the database for writing; workers never see it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.run.checkpoint import reached
+
+FILE = "state.sqlite"
+FORMAT = 2  #: the manifest was format 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS docs(
+    rel TEXT PRIMARY KEY, name TEXT NOT NULL, uid_rev TEXT NOT NULL, size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL, source_hash TEXT NOT NULL, policy_hash TEXT NOT NULL,
+    version TEXT NOT NULL, rev_width INTEGER NOT NULL, nfiles INTEGER NOT NULL,
+    tokens INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS docs_name ON docs(name);
+CREATE INDEX IF NOT EXISTS docs_uid_rev ON docs(uid_rev);
+CREATE TABLE IF NOT EXISTS entries(rel TEXT PRIMARY KEY, lists BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks(
+    rel TEXT NOT NULL, n INTEGER NOT NULL, file TEXT NOT NULL, id TEXT NOT NULL,
+    chunk_id TEXT NOT NULL, hash TEXT NOT NULL, gen INTEGER NOT NULL,
+    PRIMARY KEY(rel, n)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file);
+CREATE INDEX IF NOT EXISTS chunks_chunk_id ON chunks(chunk_id);
+CREATE INDEX IF NOT EXISTS chunks_id ON chunks(id);
+CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash, gen);
+CREATE TABLE IF NOT EXISTS redirects(old TEXT PRIMARY KEY, new TEXT NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS redirects_new ON redirects(new);
+CREATE TABLE IF NOT EXISTS inflight(rel TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS folders(folder TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS feed(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, kind TEXT NOT NULL,
+    text INTEGER NOT NULL, line BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS feed_key ON feed(key, seq);
+"""
+
+#: The per-document lists kept in ``entries`` (index-aligned with ``files``).
+LISTS = ("files", "ids", "chunk_ids", "hashes", "digests", "embeds")
+_COLUMNS = ("size", "mtime_ns", "source_hash", "policy_hash", "version", "rev_width", "tokens", "uid_rev")
+
+
+class StateError(Exception):
+    """The state database cannot be opened or written (wraps ``sqlite3.Error``)."""
+
+
+def db_path(state_dir: Path) -> Path:
+    return state_dir / FILE
+
+
+def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), WAL, foreign keys off."""
+    if readonly:
+        conn = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, isolation_level=None, timeout=30, check_same_thread=False
+        )
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a crash of the process
+    conn.execute("PRAGMA cache_size=-16000")  # 16 MB: the parent's memory stays flat
+    return conn
+
+
+class StateDB:
+    """The parent's handle on the state database: reads, and per-document transactions."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = connect(path)
+            self.conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: cannot open chunkyard's state ({exc})") from exc
+        self._in_tx = False
+
+    @classmethod
+    def reader(cls, path: Path) -> StateDB:
+        """A read-only handle (the audit tools, beside a running ``ingest`` or ``watch``)."""
+        self = cls.__new__(cls)
+        self.path = path
+        try:
+            self.conn = connect(path, readonly=True)
+            self.conn.execute("SELECT 1 FROM meta LIMIT 1")
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: cannot read chunkyard's state ({exc})") from exc
+        self._in_tx = False
+        return self
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- transactions ------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``; rolled back on any exception (re-raised)."""
+        if self._in_tx:
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._in_tx = True
+        try:
+            yield self.conn
+        except BaseException:
+            self._in_tx = False
+            with suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            raise
+        self._in_tx = False
+        self.commit()
+
+    def commit(self) -> None:
+        """The one place a transaction becomes true (tests inject a full disk here)."""
+        reached("state-commit")
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            with suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            raise
+
+    # -- meta --------------------------------------------------------------------------
+
+    def meta(self, key: str, default: str = "") -> str:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return str(row[0]) if row else default
+
+    def meta_int(self, key: str, default: int = 0) -> int:
+        value = self.meta(key)
+        return int(value) if value.lstrip("-").isdigit() else default
+
+    def set_meta(self, **values: object) -> None:
+        self.conn.executemany(
+            "INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            [(k, str(v)) for k, v in values.items()],
+        )
+
+    def add_meta(self, key: str, delta: int) -> None:
+        if delta:
+            self.set_meta(**{key: self.meta_int(key) + delta})
+
+    def header(self) -> dict[str, Any]:
+        """The manifest's header fields as they were: format, version, policy_hash, policy, corpus."""
+        rows = dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+        out: dict[str, Any] = {k: v for k, v in rows.items() if k not in ("policy",)}
+        out["format"] = FORMAT
+        out["policy"] = orjson.loads(rows["policy"]) if rows.get("policy") else {}
+        for key in ("generation", "chunks", "tokens", "feed_rows", "feed_floor", "sweep"):
+            if key in out:
+                out[key] = int(out[key])
+        if "written_at_epoch" in out:
+            out["written_at_epoch"] = float(out["written_at_epoch"])
+        return out
+
+    # -- documents ---------------------------------------------------------------------
+
+    def has_docs(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM docs LIMIT 1").fetchone() is not None
+
+    def count_docs(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM docs").fetchone()[0])
+
+    def rels(self) -> set[str]:
+        return {r for (r,) in self.conn.execute("SELECT rel FROM docs")}
+
+    def iter_rels(self) -> Iterator[str]:
+        for (rel,) in self.conn.execute("SELECT rel FROM docs ORDER BY rel").fetchall():
+            yield rel
+
+    def iter_uid_revs(self) -> Iterator[tuple[str, str]]:
+        """``(rel, doc_uid|r)`` of every document, in path order, streamed."""
+        cursor = self.conn.execute("SELECT rel, uid_rev FROM docs ORDER BY rel")
+        while rows := cursor.fetchmany(4096):
+            yield from rows
+
+    def rels_under(self, prefix: str) -> list[str]:
+        """Documents whose path starts with ``prefix`` (a folder and its ``/``)."""
+        hi = prefix + "\U0010ffff"
+        return [
+            r for (r,) in self.conn.execute("SELECT rel FROM docs WHERE rel >= ? AND rel < ?", (prefix, hi))
+        ]
+
+    def rels_named(self, name: str) -> list[str]:
+        return [r for (r,) in self.conn.execute("SELECT rel FROM docs WHERE name=?", (name,))]
+
+    def rels_with_uid_rev(self, uid_rev: str) -> list[tuple[str, int]]:
+        rows = self.conn.execute("SELECT rel, rev_width FROM docs WHERE uid_rev=? ORDER BY rel", (uid_rev,))
+        return [(r, int(w)) for r, w in rows]
+
+    def stamps(self) -> dict[str, tuple[Any, ...]]:
+        """Every document's freshness columns, for a whole-corpus run (no lists)."""
+        cols = ", ".join(_COLUMNS)
+        return {row[0]: row[1:] for row in self.conn.execute(f"SELECT rel, {cols} FROM docs")}
+
+    def stamp(self, rel: str) -> tuple[Any, ...] | None:
+        cols = ", ".join(_COLUMNS)
+        row = self.conn.execute(f"SELECT {cols} FROM docs WHERE rel=?", (rel,)).fetchone()
+        return tuple(row) if row else None
+
+    def entry(self, rel: str) -> dict[str, Any] | None:
+        """One document's manifest entry, as ``manifest.json`` had it (plus ``embeds``)."""
+        cols = ", ".join(_COLUMNS)
+        row = self.conn.execute(
+            f"SELECT {cols}, lists FROM docs JOIN entries USING(rel) WHERE rel=?", (rel,)
+        ).fetchone()
+        if row is None:
+            return None
+        entry: dict[str, Any] = dict(zip(_COLUMNS, row[:-1], strict=True))
+        entry.update(orjson.loads(row[-1]))
+        return entry
+
+    def files_of(self, rel: str) -> list[str]:
+        return [f for (f,) in self.conn.execute("SELECT file FROM chunks WHERE rel=? ORDER BY n", (rel,))]
+
+    def put_doc(self, rel: str, entry: dict[str, Any], gen: int) -> None:
+        """Replace a document's rows (inside a transaction)."""
+        old = self.conn.execute("SELECT nfiles, tokens FROM docs WHERE rel=?", (rel,)).fetchone()
+        files = entry["files"]
+        name = rel.rsplit(".", 1)[0]
+        self.conn.execute(
+            "INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                rel,
+                name,
+                entry.get("uid_rev", ""),
+                entry["size"],
+                entry["mtime_ns"],
+                entry["source_hash"],
+                entry["policy_hash"],
+                entry["version"],
+                int(entry.get("rev_width", 8)),
+                len(files),
+                int(entry.get("tokens", 0)),
+            ),
+        )
+        lists = {k: entry.get(k, []) for k in LISTS}
+        self.conn.execute("INSERT OR REPLACE INTO entries VALUES(?, ?)", (rel, orjson.dumps(lists)))
+        self.conn.execute("DELETE FROM chunks WHERE rel=?", (rel,))
+        ids, cids, hashes = entry["ids"], entry["chunk_ids"], entry["hashes"]
+        self.conn.executemany(
+            "INSERT INTO chunks VALUES(?,?,?,?,?,?,?)",
+            [(rel, i, f, ids[i], cids[i], hashes[i], gen) for i, f in enumerate(files)],
+        )
+        self.add_meta("chunks", len(files) - (old[0] if old else 0))
+        self.add_meta("tokens", int(entry.get("tokens", 0)) - (old[1] if old else 0))
+
+    def touch_doc(self, rel: str, mtime_ns: int) -> None:
+        """A document hashed and found unchanged: only its mtime moves."""
+        self.conn.execute("UPDATE docs SET mtime_ns=? WHERE rel=?", (mtime_ns, rel))
+
+    def drop_doc(self, rel: str) -> None:
+        old = self.conn.execute("SELECT nfiles, tokens FROM docs WHERE rel=?", (rel,)).fetchone()
+        if old is None:
+            return
+        for table in ("docs", "entries", "chunks"):
+            self.conn.execute(f"DELETE FROM {table} WHERE rel=?", (rel,))
+        self.add_meta("chunks", -old[0])
+        self.add_meta("tokens", -old[1])
+
+    # -- chunks ------------------------------------------------------------------------
+
+    def file_owner(self, file: str, other_than: str = "") -> str | None:
+        row = self.conn.execute("SELECT rel FROM chunks WHERE file=? AND rel<>? LIMIT 1", (file, other_than))
+        found = row.fetchone()
+        return str(found[0]) if found else None
+
+    def is_live(self, chunk_id: str) -> bool:
+        return (
+            self.conn.execute("SELECT 1 FROM chunks WHERE chunk_id=? LIMIT 1", (chunk_id,)).fetchone()
+            is not None
+        )
+
+    def made_with_hash(self, digest: str, since: int) -> tuple[str, str] | None:
+        """The first chunk (document order) with this hash made in generation ``since`` or later."""
+        row = self.conn.execute(
+            "SELECT chunk_id, hash FROM chunks WHERE hash=? AND gen>=? ORDER BY rel, n LIMIT 1",
+            (digest, since),
+        ).fetchone()
+        return (str(row[0]), str(row[1])) if row else None
+
+    def hash_of(self, chunk_id: str) -> str:
+        row = self.conn.execute("SELECT hash FROM chunks WHERE chunk_id=? LIMIT 1", (chunk_id,)).fetchone()
+        return str(row[0]) if row else ""
+
+    # -- redirects ---------------------------------------------------------------------
+
+    def redirect(self, old: str) -> str | None:
+        row = self.conn.execute("SELECT new FROM redirects WHERE old=?", (old,)).fetchone()
+        return str(row[0]) if row else None
+
+    def redirects_to(self, targets: Iterable[str]) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for target in targets:
+            out.extend(self.conn.execute("SELECT old, new FROM redirects WHERE new=?", (target,)).fetchall())
+        return out
+
+    def set_redirect(self, old: str, new: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO redirects VALUES(?, ?)", (old, new))
+
+    def drop_redirects(self, olds: Iterable[str]) -> int:
+        n = 0
+        for old in olds:
+            n += self.conn.execute("DELETE FROM redirects WHERE old=?", (old,)).rowcount
+        return n
+
+    def all_redirects(self) -> dict[str, str]:
+        return dict(self.conn.execute("SELECT old, new FROM redirects ORDER BY old").fetchall())
+
+    def iter_redirects(self) -> Iterator[tuple[str, str]]:
+        cursor = self.conn.execute("SELECT old, new FROM redirects ORDER BY old")
+        while rows := cursor.fetchmany(1024):
+            yield from rows
+
+    def count_redirects(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM redirects").fetchone()[0])
+
+    def locate(self, column: str, value: str) -> tuple[str, int, str] | None:
+        """``(rel, n, file)`` of the first chunk whose ``column`` (chunk_id, id, file) is ``value``."""
+        assert column in ("chunk_id", "id", "file")
+        row = self.conn.execute(
+            f"SELECT rel, n, file FROM chunks WHERE {column}=? ORDER BY rel, n LIMIT 1", (value,)
+        ).fetchone()
+        return (str(row[0]), int(row[1]), str(row[2])) if row else None
+
+    def iter_column(self, column: str) -> Iterator[str]:
+        assert column in ("chunk_id", "id", "file")
+        cursor = self.conn.execute(f"SELECT {column} FROM chunks ORDER BY {column}")
+        while rows := cursor.fetchmany(4096):
+            for (value,) in rows:
+                yield value
+
+    def count_chunks(self) -> int:
+        return int(self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
+
+    # -- in-flight record --------------------------------------------------------------
+
+    def inflight(self) -> tuple[set[str], bool] | None:
+        """What a run left to recover: its documents, and whether to sweep; None when clean."""
+        rels = {r for (r,) in self.conn.execute("SELECT rel FROM inflight")}
+        sweep = self.meta_int("sweep") != 0
+        return (rels, sweep) if rels or sweep else None
+
+    def set_inflight(self, rels: Iterable[str], *, sweep: bool) -> None:
+        self.conn.execute("DELETE FROM inflight")
+        self.conn.executemany("INSERT OR IGNORE INTO inflight VALUES(?)", [(r,) for r in rels])
+        self.set_meta(sweep=int(sweep))
+
+    def done(self, rel: str) -> None:
+        self.conn.execute("DELETE FROM inflight WHERE rel=?", (rel,))
+
+    # -- output folders ----------------------------------------------------------------
+
+    def folder_mtimes(self) -> dict[str, int]:
+        return dict(self.conn.execute("SELECT folder, mtime_ns FROM folders").fetchall())
+
+    def set_folder_mtimes(self, mtimes: dict[str, int]) -> None:
+        self.conn.executemany("INSERT OR REPLACE INTO folders VALUES(?, ?)", list(mtimes.items()))
+
+    def forget_folders(self, folders: Iterable[str]) -> None:
+        self.conn.executemany("DELETE FROM folders WHERE folder=?", [(f,) for f in folders])
+
+
+def now_epoch() -> float:
+    return time.time()
+
+
+def size_on_disk(path: Path) -> int:
+    """The database and its WAL, in bytes (for the benchmark and the summary)."""
+    total = 0
+    for suffix in ("", "-wal"):
+        with suppress(OSError):
+            total += os.stat(f"{path}{suffix}").st_size
+    return total
+
+
+def dump_state(out: Path) -> dict[str, Any]:
+    """The whole state as ``manifest.json`` held it, plus ``redirects`` and ``inflight``.
+
+    Reads every row: for tests, debugging and small outputs, never on a run's path.
+    """
+    from pipeline.run.state import state_dir
+
+    db = StateDB.reader(db_path(state_dir(out)))
+    try:
+        header = db.header()
+        docs = {rel: db.entry(rel) for rel in db.iter_rels()}
+        inflight = db.inflight()
+        return {
+            **header,
+            "docs": docs,
+            "redirects": db.all_redirects(),
+            "inflight": None if inflight is None else {"docs": sorted(inflight[0]), "sweep": inflight[1]},
+        }
+    finally:
+        db.close()
