@@ -1,3 +1,3 @@
 """The package version, in one place (read by the chunk records and the CLI)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,30 @@ def test_search_cli_json_and_table(sample: Path) -> None:
         check=False,
     )
     assert missing.returncode == 2 and "chunkyard index" in missing.stderr
+
+
+def test_search_html_shows_each_hit_inside_its_source(sample: Path, tmp_path: Path) -> None:
+    """``search --html FILE`` (issue 20): one page whose hits are the ``--json`` items, each with its source."""
+    cli = [sys.executable, "-m", "pipeline"]
+    page = tmp_path / "hits.html"
+    args = ["search", "overlap between pieces", "--out", str(sample), "-k", "3"]
+    done = subprocess.run([*cli, *args, "--json"], capture_output=True, text=True, check=True)
+    items = json.loads(done.stdout)["items"]
+    assert items
+    subprocess.run([*cli, *args, "--html", str(page)], capture_output=True, text=True, check=True)
+    html = page.read_text(encoding="utf-8")
+    assert "<script src" not in html and "http://" not in html.split("<body", 1)[0]  # self-contained
+    meta = json.loads(re.search(r'<script type="application/json"[^>]*>(.*?)</script>', html, re.DOTALL)[1])
+    assert [it["snippet_id"] for it in meta["record"]["items"]] == [it["snippet_id"] for it in items]
+    for item, ctx in zip(items, meta["contexts"], strict=True):
+        assert ctx is not None and ctx["path"] == item["file"]
+    missing = subprocess.run(
+        [*cli, *args, "--html", str(tmp_path / "no" / "dir" / "x.html")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 2 and "x.html" in missing.stderr
 
 
 def test_index_cli_json_validates(sample: Path) -> None:

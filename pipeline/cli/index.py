@@ -138,6 +138,14 @@ def search_cmd(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print 004's retrieval result record with 001's citations.")
     ] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Also write the hits, highlighted in their source, as one HTML page.",
+        ),
+    ] = None,
 ) -> None:
     """Search the index: ranked chunks with their source, lines and citation payload."""
     from pipeline.index.query import search
@@ -145,6 +153,8 @@ def search_cmd(
 
     try:
         record = search(out, query, k=k, mode=mode, store=store, embedder=embedder)
+        if html is not None:
+            _write_search_page(record, query, out, html)
     except IndexMismatchError as exc:
         raise _mismatch(exc, json_out) from None
     except PipelineError as exc:
@@ -178,3 +188,12 @@ def search_cmd(
     out_console.print(table)
     if not record["items"] and not record["warnings"]:
         out_console.print("no chunk matched")
+
+
+def _write_search_page(record: dict[str, Any], query: str, out: Path, html: Path) -> None:
+    """``search --html FILE``: the hits inside their sources (issue 20), read through the chunk store."""
+    from pipeline.audit.store import open_store
+    from pipeline.view import render_search
+    from pipeline.view.page import write_page
+
+    write_page(html, render_search({**record, "query": query}, open_store(out)))
