@@ -2,7 +2,7 @@
 
 The Python API (``pipeline.api``), importable from here::
 
-    from pipeline import Policy, chunk_text, chunk_file, ingest, open_chunks, read_changes
+    from pipeline import Policy, chunk_text, chunk_file, ingest, open_chunks, read_changes, index, search
 
 Its names are loaded on first use (PEP 562), so ``import pipeline`` costs next to
 nothing and never imports an optional framework (LangChain, LlamaIndex: see
@@ -24,9 +24,11 @@ if TYPE_CHECKING:
         Summary,
         chunk_file,
         chunk_text,
+        index,
         ingest,
         open_chunks,
         read_changes,
+        search,
     )
 
 _API = frozenset(
@@ -38,9 +40,11 @@ _API = frozenset(
         "Summary",
         "chunk_file",
         "chunk_text",
+        "index",
         "ingest",
         "open_chunks",
         "read_changes",
+        "search",
     }
 )
 
@@ -53,9 +57,11 @@ __all__ = (
     "__version__",
     "chunk_file",
     "chunk_text",
+    "index",
     "ingest",
     "open_chunks",
     "read_changes",
+    "search",
 )
 
 

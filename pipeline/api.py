@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.adapters.changes import Change, Cursor, read_changes
 from pipeline.adapters.folder import ChunkFolder, open_chunks
@@ -23,6 +23,9 @@ from pipeline.adapters.records import chunk_records
 from pipeline.errors import UsageError
 from pipeline.models import Policy
 from pipeline.run.ingest import Options, Summary
+
+if TYPE_CHECKING:
+    from pipeline.index.sync import IndexReport
 
 __all__ = (
     "Change",
@@ -32,9 +35,11 @@ __all__ = (
     "Summary",
     "chunk_file",
     "chunk_text",
+    "index",
     "ingest",
     "open_chunks",
     "read_changes",
+    "search",
 )
 
 
@@ -117,3 +122,48 @@ def ingest(corpus: Path | str, out: Path | str, **options: Any) -> Summary:
     if "exclude" in options:
         options["exclude"] = tuple(options["exclude"])
     return run_ingest(Options(corpus=Path(corpus), out=Path(out), **options))
+
+
+def index(
+    out: Path | str, store: str | Path | None = None, embedder: str | None = None, *, reconcile: bool = False
+) -> IndexReport:
+    """Bring the search index of the chunk folder ``out`` up to date: ``chunkyard index``.
+
+    Follows the change feed from the cursor the index holds, embedding only chunks whose
+    embedded text it has never seen (extra ``index``: the SQLite store and the offline ONNX
+    embedder). ``reconcile=True`` compares the whole store with the chunk files and repairs
+    any difference.
+
+    Args:
+        out: the chunk folder (``ingest``'s ``out``).
+        store: the index (default: ``OUT/.chunkyard/index.sqlite``; ``lancedb:PATH`` for LanceDB).
+        embedder: a spec for ``pipeline.index.embedders.make_embedder`` (``None``: the index's
+            own, or the offline default for a new index).
+        reconcile: compare the whole store with the chunk files and repair any difference.
+
+    Returns:
+        What was added, updated, moved, deleted, redirected and embedded, and the ``index_hash``.
+    """
+    from pipeline.index.sync import index as run_index
+
+    return run_index(out, store, embedder, reconcile=reconcile)
+
+
+def search(
+    out: Path | str, query: str, k: int = 10, mode: str = "hybrid", store: str | Path | None = None
+) -> dict[str, Any]:
+    """Ask the index of ``out``: 004's retrieval result record, like ``chunkyard search --json``.
+
+    Args:
+        out: the chunk folder whose index to ask (built by ``index``).
+        query: any text (FTS5 syntax in it is taken literally).
+        k: how many chunks to return.
+        mode: ``hybrid`` (reciprocal rank fusion of BM25 and dense), ``dense`` or ``bm25``.
+        store: the index, as for ``index``.
+
+    Returns:
+        The record; each of its ``items`` carries 001's citation payload and the chunk's text.
+    """
+    from pipeline.index.query import search as run_search
+
+    return run_search(out, query, k=k, mode=mode, store=store)

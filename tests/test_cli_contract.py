@@ -17,6 +17,7 @@ from conftest import ROOT, stable
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
+from pipeline.run.db import dump_state
 from pipeline.stages.tokens import get_encoding
 
 SCHEMAS = ROOT / "schemas"
@@ -71,7 +72,7 @@ def corpus(tmp_path: Path) -> Path:
 
 
 def sources(out: Path) -> set[str]:
-    return set(json.loads((out / ".chunkyard" / "manifest.json").read_bytes())["docs"])
+    return set(dump_state(out)["docs"])
 
 
 def records(out: Path) -> list[dict[str, Any]]:

@@ -370,10 +370,10 @@ def test_second_writer_waits_for_the_first(built: tuple[Path, Path], holder: Any
         # it said so right before blocking on the lock, which the holder keeps until told: it
         # cannot have finished, and has not written a manifest
         assert waiter.poll() is None
-        generation = json.loads((out / STATE_DIR / "manifest.json").read_bytes())["generation"]
+        generation = dump_state(out)["generation"]
         holder.send_signal(signal.SIGTERM)
         assert waiter.wait(timeout=600) == 0  # a hang's safety net
-        assert json.loads((out / STATE_DIR / "manifest.json").read_bytes())["generation"] >= generation
+        assert dump_state(out)["generation"] >= generation
     finally:
         waiter.kill()
         waiter.wait()
