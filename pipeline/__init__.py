@@ -2,7 +2,7 @@
 
 The Python API (``pipeline.api``), importable from here::
 
-    from pipeline import Policy, chunk_text, chunk_file, ingest, open_chunks, read_changes, index, search
+    from pipeline import Policy, chunk_text, chunk_file, ingest, open_chunks, read_changes, search, update_index
 
 Its names are loaded on first use (PEP 562), so ``import pipeline`` costs next to
 nothing and never imports an optional framework (LangChain, LlamaIndex: see
@@ -24,11 +24,11 @@ if TYPE_CHECKING:
         Summary,
         chunk_file,
         chunk_text,
-        index,
         ingest,
         open_chunks,
         read_changes,
         search,
+        update_index,
     )
 
 _API = frozenset(
@@ -40,11 +40,11 @@ _API = frozenset(
         "Summary",
         "chunk_file",
         "chunk_text",
-        "index",
         "ingest",
         "open_chunks",
         "read_changes",
         "search",
+        "update_index",
     }
 )
 
@@ -57,11 +57,11 @@ __all__ = (
     "__version__",
     "chunk_file",
     "chunk_text",
-    "index",
     "ingest",
     "open_chunks",
     "read_changes",
     "search",
+    "update_index",
 )
 
 

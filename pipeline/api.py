@@ -35,11 +35,11 @@ __all__ = (
     "Summary",
     "chunk_file",
     "chunk_text",
-    "index",
     "ingest",
     "open_chunks",
     "read_changes",
     "search",
+    "update_index",
 )
 
 
@@ -124,7 +124,7 @@ def ingest(corpus: Path | str, out: Path | str, **options: Any) -> Summary:
     return run_ingest(Options(corpus=Path(corpus), out=Path(out), **options))
 
 
-def index(
+def update_index(
     out: Path | str, store: str | Path | None = None, embedder: str | None = None, *, reconcile: bool = False
 ) -> IndexReport:
     """Bring the search index of the chunk folder ``out`` up to date: ``chunkyard index``.

@@ -158,7 +158,7 @@ def test_read_changes_leaves_a_line_being_written_and_notices_a_cut_feed(tmp_pat
 def test_importing_pipeline_or_the_cli_loads_no_framework() -> None:
     code = (
         "import sys, pipeline, pipeline.cli.app; "
-        "from pipeline import chunk_text, open_chunks, read_changes, ingest, index, search; "
+        "from pipeline import chunk_text, open_chunks, read_changes, ingest, search, update_index; "
         "import pipeline.adapters, pipeline.adapters.sync; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('langchain_core', 'langchain_text_splitters', 'langchain', 'llama_index', "

@@ -33,6 +33,7 @@ a second, incremental sync then catches what was saved meanwhile.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import threading
@@ -346,7 +347,10 @@ class Watcher:
                 observer.start()
             except OSError as exc:  # the root refused (ENOSPC: the watch limit; EMFILE: instances)
                 observer.stop()
-                self._warn(limit_warning(0, 0, root_refused=True) + f" [{exc.strerror or exc}]")
+                if exc.errno in (errno.ENOSPC, errno.EMFILE):
+                    self._warn(limit_warning(0, 0, root_refused=True) + f" [{exc.strerror or exc}]")
+                else:  # not the limit (the root vanished, say): poll, and say why
+                    self._warn(f"watch: cannot watch {self._root} ({exc.strerror or exc}); polling instead")
             else:
                 self._poll_refused()
                 return observer
