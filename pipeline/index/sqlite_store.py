@@ -193,10 +193,12 @@ class SqliteStore:
             self._conn.executemany(
                 "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", sorted(meta.items())
             )
-            self._conn.execute(
-                "UPDATE embed_cache SET used = ? WHERE model = ? AND digest IN (SELECT digest FROM chunks)",
-                (generation, model),
-            )
+            used = sorted({row.digest for row, _ in upserts})  # live digests are kept anyway (NOT IN below)
+            for part in _parts(used):
+                self._conn.execute(
+                    f"UPDATE embed_cache SET used = ? WHERE model = ? AND digest IN ({','.join('?' * len(part))})",
+                    [generation, model, *part],
+                )
             self._conn.execute(
                 "DELETE FROM embed_cache WHERE used < ? AND digest NOT IN (SELECT digest FROM chunks)",
                 (generation - CACHE_RUNS,),
