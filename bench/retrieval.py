@@ -247,6 +247,23 @@ def paired_table(results: Mapping[str, Mapping[str, ModeReport]], ours: str) -> 
     return "\n".join(lines) + "\n"
 
 
+def html_page(corpus: str, gold: Sequence[GoldQuestion], results: Mapping[str, Mapping[str, ModeReport]]) -> bytes:
+    """The corpus's results as one HTML page (issue 20): a chart per metric across chunkers (the
+    headline mode), then each question's first hit per chunker, misses marked."""
+    from pipeline.view import render_eval
+
+    modes = sorted({m for r in results.values() for m in r}, key=("hybrid", "dense", "bm25").index)
+    head = modes[0]
+    pack = {name: dict(res[head].metrics) for name, res in results.items()}
+    rows = [
+        {"id": g.id, "question": g.question, "source": g.source, "start": g.start, "end": g.end,
+         "mode": name, "first_hit": scored.first_hit, "items": []}
+        for name, res in results.items()
+        for g, scored in zip(gold, res[head].per_query, strict=True)
+    ]  # fmt: skip
+    return render_eval(pack, rows, title=f"make bench-retrieval: {corpus} ({head})")
+
+
 def chunk_stats(chunks: Sequence[EvalChunk]) -> dict[str, Any]:
     from pipeline.stages.tokens import Counter as TokenCounter
 
@@ -314,6 +331,7 @@ def main() -> None:
             "per_query": {n: {m: [{"id": s.id, "first_hit": s.first_hit, "fits": dict(s.fits)} for s in r.per_query]
                               for m, r in res.items()} for n, res in results.items()},
         }, indent=1) + "\n")
+        (RESULTS / f"retrieval-{corpus}{args.tag}.html").write_bytes(html_page(corpus, gold, results))
     (RESULTS / f"retrieval{args.tag}.md").write_text("\n".join(report))
 
 

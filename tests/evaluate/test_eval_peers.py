@@ -107,3 +107,8 @@ def test_evaluate_chunkers_through_the_seam(tmp_path: Path) -> None:
     assert p["earlier"] + p["later"] + p["same"] == 1
     md = retrieval.table("x", results, {n: {"chunks": 1, "mean_tokens": 1.0} for n in results})
     assert "| whole | 1 | 1 | bm25 | 100.0" in md
+    page = retrieval.html_page("x", gold, results).decode()  # the bench's page (issue 20)
+    meta = json.loads(page.split('id="cy-meta">', 1)[1].split("</script>", 1)[0])
+    assert meta["kind"] == "eval" and "what is the answer?" in page
+    assert set(meta["eval"]["series"]) == {"whole", "halves"}  # a chart bar per chunker
+    assert {(q["id"], q["mode"]) for q in meta["eval"]["queries"]} == {("q", "whole"), ("q", "halves")}
