@@ -248,3 +248,15 @@ def test_an_old_manifest_is_migrated_without_rechunking(tmp_path: Path) -> None:
     (corpus / "doc1.md").write_text(DOC.format(n=1) + "\nOne more line.\n")
     again = ingest(Options(corpus=corpus, out=out, jobs=1))
     assert again.processed == 1 and not again.warnings  # said once
+
+
+def test_a_reader_during_the_first_run_sees_an_empty_feed_not_an_error(tmp_path: Path) -> None:
+    """A loader tailing the feed while the first ingest is still creating the database."""
+    import sqlite3
+
+    path = db_path(tmp_path / "out" / STATE_DIR)
+    path.parent.mkdir(parents=True)
+    sqlite3.connect(path).close()  # the file exists, its tables do not yet
+    assert list(read_feed(tmp_path / "out", 0)) == []
+    with pytest.raises(FeedGapError):
+        list(read_feed(tmp_path / "out", 5))

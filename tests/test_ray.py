@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -80,7 +81,7 @@ def feed_lines(root: Path) -> list[dict[str, Any]]:
         return []
     try:
         lines = [line.event for line in read_feed(root, 0)]
-    except FeedGapError:  # no feed yet
+    except (FeedGapError, sqlite3.Error):  # no feed yet (the run is still creating its tables)
         return []
     return [{k: v for k, v in e.items() if k not in VOLATILE_FEED} for e in lines]
 

@@ -86,7 +86,12 @@ def read_feed(out: Path, after_seq: int = 0) -> Iterator[FeedLine]:
                 f"{path}: the change feed {where}, so it does not reach seq {after_seq} "
                 "(hint: read again from seq 0; applying the feed twice is harmless)"
             )
-        cursor = conn.execute("SELECT seq, line FROM feed WHERE seq > ? ORDER BY seq", (after_seq,))
+        try:
+            cursor = conn.execute("SELECT seq, line FROM feed WHERE seq > ? ORDER BY seq", (after_seq,))
+        except sqlite3.OperationalError as exc:  # a first run is creating the database right now
+            if "no such table" not in str(exc):
+                raise
+            return  # nothing committed yet (a reader past seq 0 got FeedGapError above)
         while rows := cursor.fetchmany(512):
             for seq, line in rows:
                 event = orjson.loads(line)
