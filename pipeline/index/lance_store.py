@@ -22,7 +22,7 @@ import orjson
 
 from pipeline.errors import UsageError
 from pipeline.index.analyzer import LANCE_ANALYZER, analyze
-from pipeline.index.store import ChunkRow, RowState, StoreError, Vector
+from pipeline.index.store import ChunkRow, RowState, StoreError, Vector, best_first
 
 META = "meta.json"
 OPTIMIZE_EVERY = 10  #: commits between compactions
@@ -157,8 +157,7 @@ class LanceStore:
             .to_list()
         )
         hits = [(r["chunk_id"], 1.0 - float(r["_distance"])) for r in found]
-        hits.sort(key=lambda h: (-h[1], h[0]))
-        return hits
+        return best_first(hits)
 
     def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]]:
         if self._chunks is None or not terms or k <= 0:
@@ -174,8 +173,7 @@ class LanceStore:
         except (ValueError, RuntimeError):  # no FTS index yet (an empty table)
             return []
         hits = [(r["chunk_id"], float(r["_score"])) for r in found]
-        hits.sort(key=lambda h: (-h[1], h[0]))
-        return hits
+        return best_first(hits)
 
     def substring(self, needle: str, k: int) -> list[tuple[str, float]]:
         if not needle or k <= 0:
@@ -185,8 +183,7 @@ class LanceStore:
             for r in self._scan(self._chunks, None, ["chunk_id", "text"])
             if needle in r["text"]
         ]
-        hits.sort(key=lambda h: (-h[1], h[0]))
-        return hits[:k]
+        return best_first(hits, k)
 
     # --- writing --------------------------------------------------------------------------
 

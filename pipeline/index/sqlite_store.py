@@ -25,7 +25,7 @@ import numpy as np
 
 from pipeline.errors import UsageError
 from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, analyze, fts5_query
-from pipeline.index.store import ChunkRow, RowState, StoreError, Vector
+from pipeline.index.store import ChunkRow, RowState, StoreError, Vector, best_first
 
 #: Cache entries no live chunk uses are kept this many runs (an edit undone, a file moved
 #: out and back in, cost no embedding), then pruned.
@@ -53,6 +53,18 @@ def _connect(path: Path) -> Any:
     except apsw.Error as exc:
         raise StoreError(f"{path}: cannot open the index ({exc}) (hint: is it a chunkyard index?)") from None
     return conn
+
+
+#: The ``chunks`` columns a row's move may change while its embedded text (``digest``) stays;
+#: each is a ``ChunkRow`` attribute of the same name (``payload`` is ``row.to_json()``).
+_MOVABLE = (
+    "file", "hash", "row_digest", "model_tokens", "policy_hash", "doc_id", "section_id", "source_file", "text",
+)  # fmt: skip
+_UPDATE = f"UPDATE chunks SET {', '.join(f'{c} = ?' for c in _MOVABLE)}, payload = ? WHERE chunk_id = ?"
+_INSERTED = ("chunk_id", "digest", *_MOVABLE)
+_INSERT = (
+    f"INSERT INTO chunks({', '.join(_INSERTED)}, payload) VALUES ({', '.join('?' * (len(_INSERTED) + 1))})"
+)
 
 
 class SqliteStore:
@@ -132,8 +144,7 @@ class SqliteStore:
                 (query, min(k, 4096)),  # vec0's limit on k
             )
         ]
-        hits.sort(key=lambda h: (-h[1], h[0]))
-        return hits
+        return best_first(hits)
 
     def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]]:
         if not terms or k <= 0:
@@ -156,8 +167,7 @@ class SqliteStore:
                 "SELECT chunk_id, text FROM chunks WHERE instr(text, ?) > 0", (needle,)
             )
         ]
-        hits.sort(key=lambda h: (-h[1], h[0]))
-        return hits[:k]
+        return best_first(hits, k)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -239,43 +249,13 @@ class SqliteStore:
         """Replace (or add) one row; a ``None`` vector keeps the stored one (same text)."""
         if vector is None:  # the same embedded text: vector and FTS row stay, the payload moves
             self._conn.execute(
-                "UPDATE chunks SET file = ?, hash = ?, row_digest = ?, model_tokens = ?, policy_hash = ?,"
-                " doc_id = ?, section_id = ?, source_file = ?, text = ?, payload = ? WHERE chunk_id = ?",
-                (
-                    row.file,
-                    row.hash,
-                    row.row_digest,
-                    row.model_tokens,
-                    row.policy_hash,
-                    row.doc_id,
-                    row.section_id,
-                    row.source_file,
-                    row.text,
-                    row.to_json(),
-                    row.chunk_id,
-                ),
+                _UPDATE,
+                (*(getattr(row, c) for c in _MOVABLE), row.to_json(), row.chunk_id),
             )
             if self._conn.changes():
                 return
         self._drop(row.chunk_id, keep_vector=vector is None)
-        self._conn.execute(
-            "INSERT INTO chunks(chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash,"
-            " doc_id, section_id, source_file, text, payload) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                row.chunk_id,
-                row.file,
-                row.hash,
-                row.digest,
-                row.row_digest,
-                row.model_tokens,
-                row.policy_hash,
-                row.doc_id,
-                row.section_id,
-                row.source_file,
-                row.text,
-                row.to_json(),
-            ),
-        )
+        self._conn.execute(_INSERT, (*(getattr(row, c) for c in _INSERTED), row.to_json()))
         rowid = self._conn.last_insert_rowid()
         self._conn.execute("INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, analyze(row.embed_text)))
         if vector is not None:

@@ -10,7 +10,6 @@ index or the new one, never half of each.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ import blake3
 import orjson
 
 from pipeline.errors import PipelineError, UsageError
+from pipeline.run.state import flock_held
 
 if TYPE_CHECKING:
     import numpy as np
@@ -262,6 +262,12 @@ def open_at(kind: str, path: Path, *, dim: int | None = None) -> VectorStore:
     return SqliteStore(path, dim=dim)
 
 
+def best_first(hits: list[tuple[str, float]], k: int | None = None) -> list[tuple[str, float]]:
+    """``(chunk_id, score)`` pairs by score desc, then chunk id asc (deterministic ties); the first ``k``."""
+    hits.sort(key=lambda h: (-h[1], h[0]))
+    return hits if k is None else hits[:k]
+
+
 @contextmanager
 def store_lock(
     path: Path, *, wait: bool = True, on_wait: Callable[[str], None] | None = None
@@ -269,24 +275,11 @@ def store_lock(
     """One writer per store: ``flock`` on ``<store>.lock``; it dies with its holder."""
     lock = path.with_name(path.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(lock, "a+")  # noqa: SIM115 - held for the whole run
-    try:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another chunkyard index"
-            if not wait:
-                raise UsageError(
-                    f"{path} is being indexed by {holder}; wait for it, or drop --no-wait"
-                ) from None
-            if on_wait is not None:
-                on_wait(holder)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
+    with flock_held(
+        open(lock, "a+"),
+        lambda: f"pid {os.getpid()}",
+        lambda holder: f"{path} is being indexed by {holder}; wait for it, or drop --no-wait",
+        wait=wait,
+        on_wait=on_wait,
+    ):
         yield
-    finally:
-        fh.close()

@@ -12,10 +12,10 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 import xxhash
@@ -110,11 +110,37 @@ def output_lock(out: Path, wait: bool = True, on_wait: Any = None) -> Iterator[N
     folder = state_dir(out)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / LOCK, "a+")  # noqa: SIM115 - held for the whole session
+        fh = open(folder / LOCK, "a+")  # noqa: SIM115 - closed by flock_held
     except OSError as exc:
         raise UsageError(
             f"{out}: cannot create the output folder ({exc.strerror}); choose a writable --out"
         ) from None
+    with flock_held(
+        fh,
+        lambda: f"pid {os.getpid()} on {socket.gethostname()} since {now_iso()}",
+        lambda holder: f"{out} is locked by {holder}; wait for it, or drop --no-wait",
+        wait=wait,
+        on_wait=on_wait,
+    ):
+        yield
+
+
+@contextmanager
+def flock_held(
+    fh: IO[str],
+    holder_note: Callable[[], str],
+    busy: Callable[[str], str],
+    *,
+    wait: bool = True,
+    on_wait: Callable[[str], None] | None = None,
+) -> Iterator[None]:
+    """An exclusive ``flock`` on the open lock file ``fh`` for the block (closed after it),
+    with ``holder_note()`` written in it once held.
+
+    The lock dies with its holder, so it is never stale. When another process holds it:
+    ``wait`` off raises ``UsageError(busy(its note))``; otherwise ``on_wait(its note)`` is
+    called and the lock is waited for. Used for the output folder and the search index.
+    """
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -122,13 +148,13 @@ def output_lock(out: Path, wait: bool = True, on_wait: Any = None) -> Iterator[N
             fh.seek(0)
             holder = fh.read().strip() or "another chunkyard process"
             if not wait:
-                raise UsageError(f"{out} is locked by {holder}; wait for it, or drop --no-wait") from None
+                raise UsageError(busy(holder)) from None
             if on_wait is not None:
                 on_wait(holder)
             fcntl.flock(fh, fcntl.LOCK_EX)
         fh.seek(0)
         fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {now_iso()}\n")
+        fh.write(holder_note() + "\n")
         fh.flush()
         yield
     finally:
