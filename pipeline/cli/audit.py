@@ -8,7 +8,6 @@ from typing import Annotated
 
 import orjson
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from pipeline.cli.base import (
     AuditCorpusOpt,
@@ -16,6 +15,7 @@ from pipeline.cli.base import (
     JobsOpt,
     JsonOpt,
     QuietOpt,
+    bar_progress,
     err,
     out_console,
     usage_error,
@@ -42,15 +42,7 @@ def validate_cmd(
     from pipeline.cli.render import render_validate
 
     show = not quiet and not json_out and err.is_terminal
-    progress = Progress(
-        TextColumn("[bold]validating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-        disable=not show,
-    )
+    progress = bar_progress(show)
     task = progress.add_task("validating", total=None)
     try:
         with progress:

@@ -9,6 +9,14 @@ from typing import Annotated
 import orjson
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from pipeline.errors import PipelineError
 from pipeline.models import Policy
@@ -108,3 +116,18 @@ def usage_error(exc: PipelineError, json_out: bool) -> typer.Exit:
         )
     err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(2)
+
+
+def bar_progress(show: bool, *extra: ProgressColumn) -> Progress:
+    """The long-run progress bar on stderr (``description  ━━━━  n/total  [extra]  eta``),
+    gone when done; ``show`` off (``--quiet``, ``--json``, not a terminal) disables it."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        *extra,
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    )

@@ -9,11 +9,10 @@ from typing import Annotated, Any
 import orjson
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.cli.base import JsonOpt, QuietOpt, WaitOpt, err, out_console, usage_error
+from pipeline.cli.base import JsonOpt, QuietOpt, WaitOpt, bar_progress, err, out_console, usage_error
 from pipeline.errors import PipelineError
 
 IndexOutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder to index.")]
@@ -58,15 +57,7 @@ def index_cmd(
     from pipeline.index.sync import index
 
     show = not quiet and not json_out and err.is_terminal
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-        disable=not show,
-    )
+    progress = bar_progress(show)
     tasks: dict[str, Any] = {}
 
     def on_progress(stage: str, done: int, total: int) -> None:

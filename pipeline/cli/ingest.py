@@ -9,7 +9,7 @@ from typing import Annotated
 
 import orjson
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import TextColumn
 from rich.table import Table
 
 from pipeline.cli.base import (
@@ -30,6 +30,7 @@ from pipeline.cli.base import (
     TargetOpt,
     TokenizerOpt,
     WaitOpt,
+    bar_progress,
     err,
     make_policy,
     out_console,
@@ -114,16 +115,7 @@ def ingest_cmd(
         batch=batch,
     )
     show = not quiet and not json_out and err.is_terminal
-    progress = Progress(
-        TextColumn("[bold]chunking"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[doc]}"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-        disable=not show,
-    )
+    progress = bar_progress(show, TextColumn("{task.fields[doc]}"))
     task = progress.add_task("chunking", total=None, doc="")
 
     def waiting(holder: str) -> None:
