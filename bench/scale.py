@@ -1,10 +1,13 @@
 """State that scales (issue 15): the cost of a change at 1× and 10× of ``../shared/corpora``.
 
     python bench/scale.py [--sizes 1,10] [--saves 12] [--rounds 5] [--scratch DIR] [--keep]
+                          [--reuse DIR] [--steps no_change,one_edit,watch,validate]
 
 For each size N the corpus is ``N`` copies of ``../shared/corpora`` (``copy-00`` …), built
 at run time in a temp folder from hard links (never committed; every edit here replaces a
-file, so the shared corpora are never written). Then, each through the real CLI in a
+file, so the shared corpora are never written). With ``--reuse DIR`` size N lives in
+``DIR/Nx`` instead and is kept: its corpus is built and first ingested only if missing, so a
+profile-and-change loop pays the 10× first ingest once. Then, each through the real CLI in a
 subprocess whose peak RSS (``VmHWM`` of the chunkyard process itself, sampled) is kept:
 
 - the first ingest; a no-change run (median of 3); one edited document (a paragraph
@@ -73,7 +76,9 @@ def vm_hwm(pid: int) -> int:
 def run(args: list[str]) -> tuple[float, int, dict[str, Any]]:
     """Wall seconds, peak RSS of the chunkyard process, and its ``--json`` output."""
     started = time.perf_counter()
-    proc = subprocess.Popen([*CHUNKYARD, *args, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen(
+        [*CHUNKYARD, *args, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO
+    )
     peak = 0
     while proc.poll() is None:
         peak = max(peak, vm_hwm(proc.pid))
@@ -184,19 +189,58 @@ def watch(corpus: Path, out: Path, saves: int) -> dict[str, Any]:
     return result
 
 
-def one_size(root: Path, copies: int, saves: int, rounds: int) -> dict[str, Any]:
-    corpus = build(root, copies)
+STEPS = ("no_change", "one_edit", "watch", "validate")
+
+
+def load() -> str:
+    """The 1-, 5- and 15-minute load averages, for every figure quoted."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def one_size(
+    root: Path, copies: int, saves: int, rounds: int, steps: tuple[str, ...] = STEPS
+) -> dict[str, Any]:
+    corpus = root / "corpus"
+    if not corpus.is_dir():
+        build(root, copies)
     out = root / "out"
     docs = sum(1 for p in corpus.rglob("*") if p.suffix in (".md", ".markdown"))
-    wall, peak, first = run(["ingest", str(corpus), "--out", str(out)])
-    r: dict[str, Any] = {"copies": copies, "documents": docs, "chunks": first.get("chunks")}
-    r["first_ingest"] = {"s": round(wall, 2), "peak_rss_mb": round(peak / 2**20)}
+    r: dict[str, Any] = {"copies": copies, "documents": docs, "load_before": load()}
+    if (out / ".chunkyard" / "state.sqlite").is_file():  # --reuse: ingested before
+        wall, peak, first = run(["ingest", str(corpus), "--out", str(out)])
+        r["first_ingest"] = {"s": "reused", "peak_rss_mb": "-"}
+    else:
+        wall, peak, first = run(["ingest", str(corpus), "--out", str(out)])
+        r["first_ingest"] = {"s": round(wall, 2), "peak_rss_mb": round(peak / 2**20)}
+    r["chunks"] = first.get("chunks")
     r["state_mb"] = round((out / ".chunkyard" / "state.sqlite").stat().st_size / 2**20, 1)
+    if "no_change" not in steps:
+        return _rest(r, corpus, out, saves, rounds, steps)
     noop = [run(["ingest", str(corpus), "--out", str(out)]) for _ in range(3)]
     r["no_change"] = {
         "s": round(statistics.median(w for w, _, _ in noop), 3),
         "peak_rss_mb": round(max(p for _, p, _ in noop) / 2**20),
     }
+    return _rest(r, corpus, out, saves, rounds, steps)
+
+
+def _rest(
+    r: dict[str, Any], corpus: Path, out: Path, saves: int, rounds: int, steps: tuple[str, ...]
+) -> dict[str, Any]:
+    if "one_edit" in steps:
+        _one_edit(r, corpus, out)
+    if "watch" in steps:
+        r["watch"] = watch(corpus, out, saves)
+    if "validate" in steps:
+        wall, peak, report = run(["validate", "--out", str(out), "--corpus", str(corpus)])
+        r["validate"] = {"s": round(wall, 2), "peak_rss_mb": round(peak / 2**20), "code": report.get("code")}
+    if rounds:
+        r["feed_retention"] = retention(corpus, out, rounds)
+    r["load_after"] = load()
+    return r
+
+
+def _one_edit(r: dict[str, Any], corpus: Path, out: Path) -> None:
     doc = corpus / "copy-00" / EDITED
     original = doc.read_text(encoding="utf-8")
     edits = []
@@ -213,12 +257,6 @@ def one_size(root: Path, copies: int, saves: int, rounds: int) -> dict[str, Any]
         "feed": edits[-1][3],
     }
     run(["ingest", str(corpus), "--out", str(out)])
-    r["watch"] = watch(corpus, out, saves)
-    wall, peak, report = run(["validate", "--out", str(out), "--corpus", str(corpus)])
-    r["validate"] = {"s": round(wall, 2), "peak_rss_mb": round(peak / 2**20), "code": report.get("code")}
-    if rounds:
-        r["feed_retention"] = retention(corpus, out, rounds)
-    return r
 
 
 def retention(corpus: Path, out: Path, rounds: int) -> dict[str, Any]:
@@ -226,7 +264,7 @@ def retention(corpus: Path, out: Path, rounds: int) -> dict[str, Any]:
     clean = feed_stats(out)
     docs = sorted(p for p in corpus.rglob("*.md"))
     for i in range(rounds):
-        for doc in docs[i :: 20]:  # 5 % of the documents edited each round
+        for doc in docs[i::20]:  # 5 % of the documents edited each round
             replace(doc, doc.read_text(encoding="utf-8") + f"\n\nRound {i}: an added paragraph.\n")
         run(["ingest", str(corpus), "--out", str(out), "--full"])
     after = feed_stats(out)
@@ -238,37 +276,80 @@ def retention(corpus: Path, out: Path, rounds: int) -> dict[str, Any]:
     }
 
 
+def _cell(r: dict[str, Any], step: str, *keys: str) -> str:
+    got = r.get(step)
+    if got is None:
+        return "-"
+    for key in keys[:-1]:
+        got = got[key]
+    return str(got[keys[-1]])
+
+
+def table(results: list[dict[str, Any]]) -> None:
+    """The issue's metrics per size, then the 10×-over-1× ratios the issue bounds (≤ 1.5)."""
+    print(
+        "\n| size | docs | chunks | first ingest s / MB | no-change s / MB | one edit s / MB "
+        "| watch p95 ms (1.5 s / 0.25 s) / MB | validate s / MB | load before → after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['copies']}× | {r['documents']:,} | {r['chunks']:,} "
+            f"| {r['first_ingest']['s']} / {r['first_ingest']['peak_rss_mb']} "
+            f"| {_cell(r, 'no_change', 's')} / {_cell(r, 'no_change', 'peak_rss_mb')} "
+            f"| {_cell(r, 'one_edit', 's')} / {_cell(r, 'one_edit', 'peak_rss_mb')} "
+            f"| {_cell(r, 'watch', 'save_1.5s', 'p95_ms')} / {_cell(r, 'watch', 'save_0.25s', 'p95_ms')} "
+            f"/ {_cell(r, 'watch', 'peak_rss_mb')} "
+            f"| {_cell(r, 'validate', 's')} / {_cell(r, 'validate', 'peak_rss_mb')} "
+            f"| {r['load_before']} → {r['load_after']} |"
+        )
+    small, big = results[0], results[-1]
+    if len(results) > 1:
+        for step, keys in (
+            ("one_edit", ("s",)),
+            ("watch", ("save_1.5s", "p95_ms")),
+            ("watch", ("save_0.25s", "p95_ms")),
+        ):
+            if step in small and step in big:
+                a, b = float(_cell(small, step, *keys)), float(_cell(big, step, *keys))
+                print(
+                    f"{step} {'/'.join(keys)}: {big['copies']}× / {small['copies']}× = {b / a:.2f} (issue: ≤ 1.5)"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1,10", help="comma-separated copies of ../shared/corpora")
     parser.add_argument("--saves", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=5, help="full re-ingests for the feed's retention (smallest size)")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="full re-ingests for the feed's retention (smallest size)"
+    )
     parser.add_argument("--scratch", type=Path, default=None, help="where to build (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the corpora and outputs")
+    parser.add_argument(
+        "--reuse", type=Path, default=None, help="keep size N in DIR/Nx and reuse it next time"
+    )
+    parser.add_argument("--steps", default=",".join(STEPS), help="which measurements (default: all)")
     args = parser.parse_args()
     if not CORPORA.is_dir():
         sys.exit(f"{CORPORA}: the shared corpora are not here; nothing to measure")
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = []
+    steps = tuple(s for s in args.steps.split(",") if s)
     for k, copies in enumerate(sizes):
-        root = Path(tempfile.mkdtemp(prefix=f"chunkyard-scale-{copies}x-", dir=args.scratch))
+        if args.reuse is not None:
+            root = args.reuse / f"{copies}x"
+            root.mkdir(parents=True, exist_ok=True)
+        else:
+            root = Path(tempfile.mkdtemp(prefix=f"chunkyard-scale-{copies}x-", dir=args.scratch))
         try:
-            res = one_size(root, copies, args.saves, args.rounds if k == 0 else 0)
+            res = one_size(root, copies, args.saves, args.rounds if k == 0 else 0, steps)
         finally:
-            if not args.keep:
+            if not args.keep and args.reuse is None:
                 shutil.rmtree(root, ignore_errors=True)
         results.append(res)
         print(json.dumps(res, indent=2), flush=True)
-    print("\n| size | docs | chunks | first ingest s / MB | no-change s / MB | one edit s / MB | watch p95 ms (1.5 s / 0.25 s) / MB | validate s / MB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        w = r["watch"]
-        print(
-            f"| {r['copies']}× | {r['documents']:,} | {r['chunks']:,} | {r['first_ingest']['s']} / {r['first_ingest']['peak_rss_mb']} "
-            f"| {r['no_change']['s']} / {r['no_change']['peak_rss_mb']} | {r['one_edit']['s']} / {r['one_edit']['peak_rss_mb']} "
-            f"| {w['save_1.5s']['p95_ms']} / {w['save_0.25s']['p95_ms']} / {w['peak_rss_mb']} "
-            f"| {r['validate']['s']} / {r['validate']['peak_rss_mb']} |"
-        )
+    table(results)
     if results and "feed_retention" in results[0]:
         print(f"\nfeed retention: {results[0]['feed_retention']}")
 

@@ -226,6 +226,28 @@ class StateDB:
         cols = ", ".join(_COLUMNS)
         return {row[0]: row[1:] for row in self.conn.execute(f"SELECT rel, {cols} FROM docs")}
 
+    def sizes_mtimes(self) -> dict[str, tuple[int, int]]:
+        """Every document's size and mtime: what a whole-corpus run compares each ``stat`` with.
+
+        Two integer columns, so the cost per document is one small tuple; whether a
+        row was made under another policy or version is ``outdated``'s question.
+        """
+        return {
+            rel: (size, mtime)
+            for rel, size, mtime in self.conn.execute("SELECT rel, size, mtime_ns FROM docs")
+        }
+
+    def outdated(self, policy_hash: str, version: str) -> set[str]:
+        """Documents recorded under another policy or chunkyard version (one scan, in SQLite)."""
+        rows = self.conn.execute(
+            "SELECT rel FROM docs WHERE policy_hash<>? OR version<>?", (policy_hash, version)
+        )
+        return {r for (r,) in rows}
+
+    def source_hash(self, rel: str) -> str | None:
+        row = self.conn.execute("SELECT source_hash FROM docs WHERE rel=?", (rel,)).fetchone()
+        return str(row[0]) if row else None
+
     def stamp(self, rel: str) -> tuple[Any, ...] | None:
         cols = ", ".join(_COLUMNS)
         row = self.conn.execute(f"SELECT {cols} FROM docs WHERE rel=?", (rel,)).fetchone()

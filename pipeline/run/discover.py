@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
 
 SUFFIXES = (".md", ".markdown")
 SKIP_DIRS = frozenset({".git", ".chunkyard"})
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A document found under the corpus root."""
+class Found(NamedTuple):
+    """A document found under the corpus root (a tuple: a walk makes one per document)."""
 
     path: str  #: absolute path (through symlinks as found)
     rel_path: str  #: corpus-relative POSIX path
+    #: its size and mtime from the walk's own ``stat`` (-1: not taken, or it failed)
+    size: int = -1
+    mtime_ns: int = -1
 
 
 def is_document(name: str) -> bool:
@@ -41,6 +44,8 @@ def discover(
     exclude: tuple[str, ...] = (),
     *,
     unreadable: list[str] | None = None,
+    stat: bool = False,
+    on_found: Callable[[Found], bool] | None = None,
 ) -> tuple[list[Found], list[str]]:
     """Every document under ``root``, sorted by relative path, and the folders it could not read.
 
@@ -52,6 +57,12 @@ def discover(
     Args:
         unreadable: if given, the relative paths of folders that could not be listed
             are appended to it (their documents are unknown, not deleted).
+        stat: take each document's size and mtime on the way (``Found.size``,
+            ``Found.mtime_ns``): the one ``stat`` per document a no-change run needs,
+            from the folder entry, so no second pass builds every path again.
+        on_found: called with each document as the walk finds it (walk order, before
+            the sort), so a caller can act on the first changed one before the walk ends;
+            once it returns True it is not called again.
     """
     problems: list[str] = []
     root = root.resolve()
@@ -62,18 +73,22 @@ def discover(
     out_key = (out_st.st_dev, out_st.st_ino) if out_st is not None else None
     seen_dirs: set[tuple[int, int]] = set()
     found: list[Found] = []
+    tell = on_found
 
-    def walk(folder: Path, rel: str) -> None:
-        try:
-            st = folder.stat()
-        except OSError:
-            return
-        key = (st.st_dev, st.st_ino)
+    def walk(folder: str, rel: str, key: tuple[int, int] | None) -> None:
+        nonlocal tell
+        if key is None:
+            try:
+                st = os.stat(folder)
+            except OSError:
+                return
+            key = (st.st_dev, st.st_ino)
         if key in seen_dirs:
             return  # a symlink loop, or a folder reached twice
         seen_dirs.add(key)
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=_NAME)
         except OSError as exc:
             problems.append(
                 f"{rel or '.'}/: read: cannot list folder ({exc.strerror}) (hint: make it readable)"
@@ -81,37 +96,63 @@ def discover(
             if unreadable is not None:
                 unreadable.append(rel)
             return
-        subfolders: list[tuple[Path, str]] = []
+        prefix = f"{rel}/" if rel else ""
+        subfolders: list[tuple[str, str, tuple[int, int] | None]] = []
         for entry in entries:
-            rel_path = f"{rel}/{entry.name}" if rel else entry.name
+            name = entry.name
             try:
-                is_dir = entry.is_dir(follow_symlinks=True)
-                is_file = entry.is_file(follow_symlinks=True)
+                is_dir = entry.is_dir()  # follows symlinks; the type comes with the listing
+                if not is_dir and not (name.endswith(".md") and len(name) > 3) and not is_document(name):
+                    continue  # neither a folder nor a document: nothing to say about it
+                is_file = not is_dir and entry.is_file()
             except OSError:
                 continue
-            if not _utf8(entry.name):
-                if (is_dir and entry.name not in SKIP_DIRS) or (is_file and is_document(entry.name)):
+            rel_path = prefix + name
+            if not (name.isascii() or _utf8(name)):
+                if (is_dir and name not in SKIP_DIRS) or is_file:
                     shown = os.fsencode(rel_path).decode("utf-8", "backslashreplace")
                     problems.append(
                         f"{shown}: read: the name is not valid UTF-8, skipped (hint: rename it to UTF-8)"
                     )
                 continue
             if is_dir:
-                if entry.name in SKIP_DIRS or excluded(rel_path, exclude):
+                if name in SKIP_DIRS or (exclude and excluded(rel_path, exclude)):
                     continue
-                sub = Path(entry.path)
-                if out_key is not None and _key(sub) == out_key:
+                try:
+                    sub = entry.stat()
+                except OSError:
                     continue
-                subfolders.append((sub, rel_path))
-            elif is_file and is_document(entry.name) and not excluded(rel_path, exclude):
-                found.append(Found(entry.path, rel_path))
+                sub_key = (sub.st_dev, sub.st_ino)
+                if sub_key == out_key:
+                    continue
+                subfolders.append((entry.path, rel_path, sub_key))
+            elif is_file and not (exclude and excluded(rel_path, exclude)):
+                try:
+                    got = entry.stat() if stat else None
+                except OSError:  # the run reads it, and says why it cannot
+                    got = None
+                doc = (
+                    Found(entry.path, rel_path)
+                    if got is None
+                    else Found(entry.path, rel_path, got.st_size, got.st_mtime_ns)
+                )
+                found.append(doc)
+                if tell is not None and tell(doc):
+                    tell = None  # it has heard enough
         stack.extend(reversed(subfolders))  # depth first, in name order, as a recursion would
 
-    stack: list[tuple[Path, str]] = [(root, "")]
+    stack: list[tuple[str, str, tuple[int, int] | None]] = [(str(root), "", None)]
     while stack:
         walk(*stack.pop())
-    found.sort(key=lambda f: f.rel_path)
+    found.sort(key=_rel)
     return found, problems
+
+
+_NAME = attrgetter("name")
+
+
+def _rel(found: Found) -> str:
+    return found.rel_path
 
 
 def walk(top: str | os.PathLike[str]) -> Iterator[tuple[str, list[str], list[str]]]:
@@ -139,14 +180,6 @@ def walk(top: str | os.PathLike[str]) -> Iterator[tuple[str, list[str], list[str
             (dirs if is_dir else files).append(entry.name)
         yield folder, dirs, files
         stack.extend(os.path.join(folder, d) for d in reversed(dirs) if d not in links)
-
-
-def _key(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _utf8(name: str) -> bool:

@@ -52,8 +52,12 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from pipeline.errors import StageError
+
+if TYPE_CHECKING:
+    from pipeline.models import Policy
 
 #: Seconds a document may take before it is stopped (``--doc-timeout``; 0 = no limit).
 DEFAULT_DOC_TIMEOUT = 30.0
@@ -63,6 +67,7 @@ DEFAULT_DOC_MEMORY_MB = 2048
 #: Once a worker is writing, its deadline is this many times the limit away.
 WRITE_FACTOR = 10
 RETIRING = "retiring"  #: the next result is this worker's last
+READY = "ready"  #: a warm worker has loaded what a document needs (``serve``'s ``policy``)
 #: The board: the number of the job that began writing (the worker's count, from 1), then
 #: when (``time.monotonic``, the same clock in every process). The worker stores the time
 #: first, the parent reads the number first.
@@ -202,11 +207,24 @@ def _tune_gc() -> None:
     gc.set_threshold(_GC_YOUNG, 10, 10)
 
 
-def serve(conn: Connection, parent: int, memory_mb: int, board: mmap.mmap) -> None:
-    """Worker loop: a ``Job`` in, a ``DocResult`` out, until the pipe closes."""
+def serve(
+    conn: Connection, parent: int, memory_mb: int, board: mmap.mmap, policy: Policy | None = None
+) -> None:
+    """Worker loop: a ``Job`` in, a ``DocResult`` out, until the pipe closes.
+
+    With ``policy`` (a worker forked before the parent loaded anything, ``GuardPool.warm``)
+    it first loads all a document needs itself (``worker.prepare``) and says ``READY``:
+    the same loading the parent would have done before forking, done at the worker's
+    start, never in the middle of a document.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if policy is not None:
+        from pipeline.run.worker import prepare
+
+        prepare(policy)
+        conn.send(READY)
     from pipeline.run.worker import DocResult, process_document
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _tune_gc()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     if memory_mb:

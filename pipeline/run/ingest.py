@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import xxhash
 
@@ -26,9 +26,9 @@ from pipeline.stages.mint import policy_hash
 from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
 if TYPE_CHECKING:  # the runner pulls in mistletoe and the schema: only a run with work to do loads it
+    from pipeline.run.job import DocResult, Job
     from pipeline.run.pool import GuardPool
     from pipeline.run.ray_executor import RayExecutor
-    from pipeline.run.worker import DocResult, Job
 
 #: A file modified this close to the last manifest write is hashed, not trusted by its stat.
 _RACY_SECONDS = 2.0
@@ -110,32 +110,36 @@ class Summary:
         }
 
 
-#: A document's freshness columns in the state database (``StateDB.stamps``).
-_SIZE, _MTIME, _HASH, _POLICY, _VERSION = range(5)
-
-
-def _fresh(found: Found, stamp: tuple[Any, ...] | None, p_hash: str, since: float) -> int | None:
+def _fresh(found: Found, stamp: tuple[int, int] | None, since: float, db: StateDB) -> int | None:
     """Whether the state still describes this file: its mtime (to record if new), else None.
 
-    Trusted after a stat; hashed when the stat is ambiguous (same size, but a new or
-    racy mtime).
+    ``stamp`` is the recorded ``(size, mtime_ns)`` of a row made under this policy and
+    version (None otherwise). Trusted after a stat (the walk's own, if it took one);
+    hashed when the stat is ambiguous (same size, but a new or racy mtime).
     """
-    if not stamp or stamp[_POLICY] != p_hash or stamp[_VERSION] != __version__:
+    if stamp is None:
         return None
-    try:
-        st = os.stat(found.path)
-    except OSError:
+    size, mtime_ns = found.size, found.mtime_ns
+    if size < 0:
+        try:
+            st = os.stat(found.path)
+        except OSError:
+            return None
+        size, mtime_ns = st.st_size, st.st_mtime_ns
+    if size != stamp[0]:
         return None
-    if st.st_size != stamp[_SIZE]:
-        return None
-    if st.st_mtime_ns == stamp[_MTIME] and st.st_mtime < since - _RACY_SECONDS:
-        return st.st_mtime_ns
+    if mtime_ns == stamp[1] and mtime_ns / 1e9 < since - _RACY_SECONDS:
+        return mtime_ns
     try:  # the stat is ambiguous: let the content decide
         with open(found.path, "rb") as fh:
-            same = xxhash.xxh3_64_hexdigest(fh.read()) == stamp[_HASH]
+            same = xxhash.xxh3_64_hexdigest(fh.read()) == db.source_hash(found.rel_path)
     except OSError:
         return None
-    return st.st_mtime_ns if same else None
+    return mtime_ns if same else None
+
+
+#: A document's freshness columns in ``StateDB.stamp`` (one document, for a sync of paths).
+_SIZE, _MTIME, _HASH, _POLICY, _VERSION = range(5)
 
 
 class _Folders:
@@ -155,13 +159,14 @@ class _Folders:
             return not all(os.path.exists(self.out / f) for f in self.db.files_of(rel))
         folder = rel.rpartition("/")[0]
         if folder not in self.listings:
-            self.listings[folder] = self._list(folder)
+            self.listings[folder] = self.listing(folder)
         names = self.listings[folder]
         if names is None:
             return False
         return any(f.rpartition("/")[2] not in names for f in self.db.files_of(rel))
 
-    def _list(self, folder: str) -> set[str] | None:
+    def listing(self, folder: str) -> set[str] | None:
+        """The names in an output folder; None when its recorded mtime says it is whole."""
         path = self.out / folder if folder else self.out
         try:
             st = os.stat(path)
@@ -225,6 +230,7 @@ def ingest(
 ) -> Summary:
     """Chunk a corpus into ``opts.out``; incremental unless ``opts.full``."""
     with Session(opts, on_wait) as session:
+        session.one_shot = True
         return session.sync(None, on_start, on_result)
 
 
@@ -270,6 +276,8 @@ class Session:
         self._pool: GuardPool | RayExecutor | None = None
         #: the output held no chunk file when the session began (until its first sync)
         self._empty_out = False
+        #: one ``ingest``, not a long ``watch``: a worker may load the chunker itself (``_warm``)
+        self.one_shot = False
 
     def __enter__(self) -> Self:
         self._lock = output_lock(self.opts.out, self.opts.wait, self.on_wait)
@@ -308,6 +316,8 @@ class Session:
         opts = self.opts
         if not jobs:
             return iter(())
+        if self._guarded():  # the pool loads what a document needs before it forks
+            return self._guard_pool().run(jobs)
         from pipeline.run.worker import prepare
 
         prepare(opts.policy)  # before any worker forks: none ever imports mid-run
@@ -319,13 +329,50 @@ class Session:
                     opts.out, opts.corpus, opts.address, opts.doc_timeout, opts.doc_memory_mb, opts.batch
                 )
             return self._pool.run(jobs)
-        if opts.doc_timeout <= 0 and opts.doc_memory_mb <= 0:
-            return _results(jobs, opts.jobs)
+        return _results(jobs, opts.jobs)
+
+    def _on_found(
+        self, stamps: dict[str, tuple[int, int]], outdated: set[str]
+    ) -> Callable[[Found], bool] | None:
+        """What the walk calls per document: the first that looks changed starts a worker (``_warm``).
+
+        A guess from the stat alone (the sync decides for real after the walk): a
+        no-change run forks nothing.
+        """
+        if not (self.one_shot and self._guarded()):
+            return None
+        full, recovering = self.opts.full, self.recovering
+
+        def seen(f: Found) -> bool:
+            rel = f.rel_path
+            if full or rel in recovering or rel in outdated or stamps.get(rel) != (f.size, f.mtime_ns):
+                self._warm()
+                return True  # one worker is all this is for
+            return False
+
+        return seen
+
+    def _guarded(self) -> bool:
+        """Documents go to the local guard pool (not Ray, and a limit is on)."""
+        opts = self.opts
+        return opts.executor == "local" and (opts.doc_timeout > 0 or opts.doc_memory_mb > 0)
+
+    def _guard_pool(self) -> GuardPool:
         if self._pool is None:
             from pipeline.run.pool import GuardPool
 
-            self._pool = GuardPool(opts.jobs, opts.doc_timeout, opts.doc_memory_mb)
-        return self._pool.run(jobs)
+            opts = self.opts
+            self._pool = GuardPool(opts.jobs, opts.doc_timeout, opts.doc_memory_mb, opts.policy)
+        return cast("GuardPool", self._pool)  # the executor is the session's: local here
+
+    def _warm(self) -> None:
+        """A document will be chunked: fork a worker that loads the chunker while the walk goes on.
+
+        Only for a one-shot run (``ingest``): a long ``watch`` loads it all in the parent
+        at its first sync, so that no process imports hours into the session.
+        """
+        if self.one_shot and self._guarded():
+            self._guard_pool().warm()
 
     def entry(self, rel: str) -> dict[str, Any] | None:
         """The state's entry of one document (as the manifest had it), or None."""
@@ -334,7 +381,7 @@ class Session:
     def _job(
         self, f: Found, entry: dict[str, Any] | None, processed_at: str, trusted: bool, fresh: bool = False
     ) -> Job:
-        from pipeline.run.worker import Job
+        from pipeline.run.job import Job
 
         entry = entry or {}
         return Job(
@@ -402,15 +449,24 @@ class Session:
         started = time.perf_counter()
         since = float(db.meta("written_at_epoch") or 0.0)
         if paths is None:
-            stamps = db.stamps()  # narrow rows: O(documents), never the chunk lists
+            stamps = db.sizes_mtimes()  # two integers per document, never the chunk lists
+            outdated = db.outdated(self.p_hash, __version__)
+            early = self._on_found(stamps, outdated)
             blind: list[str] = []  # folders it could not list: their documents keep their chunks
-            found, problems = discover(opts.corpus, opts.out, opts.exclude, unreadable=blind)
+            found, problems = discover(
+                opts.corpus, opts.out, opts.exclude, unreadable=blind, stat=True, on_found=early
+            )
             summary.failures.extend(problems)
-            hidden = {rel for rel in stamps if any(not b or rel.startswith(b + "/") for b in blind)}
+            hidden = (
+                {rel for rel in stamps if any(not b or rel.startswith(b + "/") for b in blind)}
+                if blind
+                else set()
+            )
             held = {rel.rsplit(".", 1)[0]: rel for rel in hidden}
-            found = _drop_name_clashes(found, held.get, summary)
+            if held or len({f.rel_path.rsplit(".", 1)[0] for f in found}) < len(found):
+                found = _drop_name_clashes(found, held.get, summary)
             present = {f.rel_path for f in found}
-            gone = sorted(rel for rel in stamps if rel not in present and rel not in hidden)
+            gone = sorted(stamps.keys() - present - hidden)
             folders = _Folders(opts.out, db, db.folder_mtimes())
         else:
             wanted = sorted(set(paths))
@@ -422,7 +478,11 @@ class Session:
 
             found = _drop_name_clashes(found, taken, summary)
             present = {f.rel_path for f in found}
-            stamps = {rel: s for rel in wanted if (s := db.stamp(rel)) is not None}
+            rows = {rel: s for rel in wanted if (s := db.stamp(rel)) is not None}
+            outdated = {
+                rel for rel, s in rows.items() if s[_POLICY] != self.p_hash or s[_VERSION] != __version__
+            }
+            stamps = {rel: (s[_SIZE], s[_MTIME]) for rel, s in rows.items()}
             gone = sorted(rel for rel in wanted if rel in stamps and rel not in present)
             folders = _Folders(opts.out, db, None)
         summary.documents = len(found)
@@ -430,16 +490,37 @@ class Session:
         empty_out, self._empty_out = self._empty_out, False  # true for the first sync at most
         jobs: list[Job] = []
         touched_mtimes: dict[str, int] = {}
+        # the common case first, inline: the stat the walk took is the one recorded, not racy,
+        # and the output folder is known whole (``_Folders``); anything else takes the long way
+        trusted_before = int((since - _RACY_SECONDS) * 1e9)
+        listings = folders.listings
+        intact = not opts.full and folders.recorded is not None
         for f in found:
-            stamp = stamps.get(f.rel_path)
+            rel = f.rel_path
+            stamp = stamps.get(rel)
+            if (
+                intact
+                and stamp is not None
+                and stamp[1] == f.mtime_ns
+                and stamp[0] == f.size
+                and f.mtime_ns < trusted_before
+                and rel not in outdated
+                and rel not in self.recovering
+            ):
+                folder = rel.rpartition("/")[0]
+                if folder not in listings:
+                    listings[folder] = folders.listing(folder)
+                if listings[folder] is None:
+                    summary.skipped += 1
+                    continue
             forced = (
                 opts.full
                 or f.rel_path in self.recovering
                 or (stamp is not None and folders.missing(f.rel_path))
             )
-            mtime = None if forced else _fresh(f, stamp, self.p_hash, since)
+            mtime = None if forced or f.rel_path in outdated else _fresh(f, stamp, since, db)
             if mtime is not None:
-                if stamp is not None and mtime != stamp[_MTIME]:
+                if stamp is not None and mtime != stamp[1]:
                     touched_mtimes[f.rel_path] = mtime
                 summary.skipped += 1
                 continue
@@ -458,10 +539,6 @@ class Session:
             raise _state_error(opts.out, exc) from None
         if on_start is not None:
             on_start(len(jobs))
-        if jobs:
-            from pipeline.runner import counter
-
-            counter(opts.policy.tokenizer)  # load once, before the pool forks
         for result in self.results(jobs):
             fold(result, run)
             if on_result is not None:

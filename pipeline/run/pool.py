@@ -19,12 +19,22 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from pipeline.run.guard import JOB, RETIRING, SINCE, WRITE_FACTOR, died_message, serve, timeout_message
+from pipeline.run.guard import (
+    JOB,
+    READY,
+    RETIRING,
+    SINCE,
+    WRITE_FACTOR,
+    died_message,
+    serve,
+    timeout_message,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from pipeline.run.worker import DocResult, Job
+    from pipeline.models import Policy
+    from pipeline.run.job import DocResult, Job
 
 
 class _Worker:
@@ -40,6 +50,7 @@ class _Worker:
         "readable",
         "retiring",
         "sizes",
+        "warming",
         "writing",
     )
 
@@ -60,6 +71,7 @@ class _Worker:
         self.writing = False  #: the running job's deadline is its write deadline
         self.retiring = False
         self.gone = False  #: it has exited (its sentinel fired), or we stopped it
+        self.warming = False  #: forked before the parent loaded anything: it says READY once it has
 
     def writing_since(self) -> float | None:
         """When the running job began writing its chunk files, if it has."""
@@ -91,10 +103,17 @@ class GuardPool:
     documents, ~0.3 s of CPU the workers could have had. A queued job's deadline
     starts when the parent sees the previous result, so a nap can only make it later.
 
+    Workers are forked once the parent has loaded all a document needs (``worker.prepare``,
+    done here before the first fork when ``policy`` is given), so they inherit it. One
+    worker may be forked earlier instead (``warm``): it loads all that itself while the
+    parent goes on (a run that finds one changed document early in its walk), and the
+    parent itself then loads nothing unless it must fork another.
+
     Args:
         workers: how many documents may be chunked at once.
         timeout: seconds a document may take (0 or less: no limit).
         memory_mb: address space a worker may add, in MiB (0: no limit).
+        policy: what to load before forking; None when the caller has loaded it.
     """
 
     #: Jobs a worker holds at most (running + waiting in its pipe).
@@ -105,35 +124,62 @@ class GuardPool:
     AHEAD_BYTES = 16 * 1024
     #: The longest nap between two looks at the workers, in seconds.
     NAP = 0.008
+    #: Seconds a warm worker may take to load (then it is replaced by an ordinary one).
+    WARM_LIMIT = 120.0
 
-    def __init__(self, workers: int, timeout: float, memory_mb: int) -> None:
+    def __init__(self, workers: int, timeout: float, memory_mb: int, policy: Policy | None = None) -> None:
         self.size = max(1, workers)
+        self.policy = policy
+        self._loaded = policy is None  #: the parent holds what a document needs
         self.timeout = timeout if timeout > 0 else math.inf
         self.memory_mb = max(0, memory_mb)
         self._ctx: Any = get_context("fork")  # children inherit the loaded tokenizer
         self._idle: list[_Worker] = []
         self._held: tuple[int, bytes] | None = None  #: a big job waiting for an empty pipe
 
-    def _spawn(self) -> _Worker:
+    def warm(self) -> None:
+        """Fork one worker now that loads what a document needs itself (no-op if one is idle)."""
+        if not self._idle and not self._loaded and self.policy is not None:
+            self._idle.append(self._spawn(warm=True))
+
+    def _spawn(self, *, warm: bool = False) -> _Worker:
+        if not warm and not self._loaded and self.policy is not None:
+            from pipeline.run.worker import prepare
+
+            prepare(self.policy)  # before the fork: the worker inherits it, never imports mid-run
+            self._loaded = True
         mine, theirs = self._ctx.Pipe(duplex=True)
         board = mmap.mmap(-1, JOB.size + SINCE.size)  # anonymous and shared: the child sees it
         proc = self._ctx.Process(
             target=serve,
-            args=(theirs, os.getpid(), self.memory_mb, board),
+            args=(theirs, os.getpid(), self.memory_mb, board, self.policy if warm else None),
             name="chunkyard-worker",
             daemon=True,
         )
         proc.start()
         theirs.close()
-        return _Worker(proc, mine, board)
+        worker = _Worker(proc, mine, board)
+        worker.warming = warm
+        return worker
 
     def _take(self) -> _Worker:
         while self._idle:
             worker = self._idle.pop()
+            if worker.warming and not self._ready(worker):
+                worker.kill()
+                continue
             if worker.proc.is_alive():
                 return worker
             worker.kill()
         return self._spawn()
+
+    def _ready(self, worker: _Worker) -> bool:
+        """Wait for a warm worker to have loaded (its documents' deadlines start after)."""
+        worker.warming = False
+        try:
+            return bool(worker.conn.poll(self.WARM_LIMIT)) and worker.conn.recv() == READY
+        except (EOFError, OSError):
+            return False
 
     def _send(self, worker: _Worker, index: int, job: Job) -> bool:
         """Hand ``job`` to ``worker``; False (nothing sent) when it must wait its turn."""
@@ -226,7 +272,7 @@ class GuardPool:
 
     def _poll(self, worker: _Worker, now: float) -> list[tuple[int, DocResult]]:
         """The results the worker has sent (or its running job's failure); kills it at its deadline."""
-        from pipeline.run.worker import DocResult
+        from pipeline.run.job import DocResult
 
         out: list[tuple[int, DocResult]] = []
         try:

@@ -43,8 +43,8 @@ from pipeline.errors import StageError, UsageError
 from pipeline.run.guard import bug_message
 
 if TYPE_CHECKING:
+    from pipeline.run.job import DocResult, Job
     from pipeline.run.pool import GuardPool
-    from pipeline.run.worker import DocResult, Job
 
 #: Times Ray runs a task again after a system failure (its node or worker process died).
 MAX_RETRIES = 3
@@ -272,7 +272,7 @@ class RayExecutor:
 
     def _collect(self, ref: Any, batch: list[Job]) -> list[DocResult]:
         """A finished task's results; a task that failed for good fails each of its documents."""
-        from pipeline.run.worker import DocResult
+        from pipeline.run.job import DocResult
 
         try:
             results: list[DocResult] = self._ray.get(ref)

@@ -31,7 +31,7 @@ from pipeline.run.state import STATE_DIR, event
 
 if TYPE_CHECKING:
     from pipeline.run.ingest import Options, Summary
-    from pipeline.run.worker import DocResult
+    from pipeline.run.job import DocResult
 
 _KIND = {"ingest.write": "w", "ingest.delete": "d", "ingest.redirect": "r"}
 
