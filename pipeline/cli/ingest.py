@@ -39,7 +39,7 @@ from pipeline.cli.base import (
 )
 from pipeline.errors import PipelineError
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
-from pipeline.run.ingest import Options, Summary, ingest
+from pipeline.run.ingest import Options, Summary, corpus_relative, ingest
 from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
 EXECUTORS = ("local", "ray")
@@ -61,6 +61,15 @@ AddressOpt = Annotated[
 ]
 BatchOpt = Annotated[
     int, typer.Option("--batch", min=0, help="Documents per Ray task (0 = chosen from the cluster's CPUs).")
+]
+ChangedOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--changed",
+        metavar="FILE",
+        help="Sync only these documents (repeatable; a deleted one is removed), without walking "
+        "the corpus: for an editor hook or `git diff --name-only`. A plain ingest still checks everything.",
+    ),
 ]
 
 
@@ -96,9 +105,12 @@ def ingest_cmd(
     executor: ExecutorOpt = "local",
     address: AddressOpt = None,
     batch: BatchOpt = 0,
+    changed: ChangedOpt = None,
 ) -> None:
     """Chunk a folder of Markdown into one JSON file per chunk (incremental)."""
     check_executor(executor, address, batch)
+    if changed and full:
+        raise typer.BadParameter("--full re-checks every document; drop one of them", param_hint="--changed")
     opts = Options(
         corpus=resolve_corpus(corpus, corpus_opt),
         out=out,
@@ -127,6 +139,7 @@ def ingest_cmd(
             from pipeline.run.ray_executor import require_ray
 
             require_ray()
+        paths = [corpus_relative(opts.corpus, p) for p in changed] if changed else None
         with progress:
             summary = ingest(  # no progress shown (--quiet, --json, not a terminal): no calls per document
                 opts,
@@ -135,6 +148,7 @@ def ingest_cmd(
                 if show
                 else None,
                 on_wait=waiting,
+                changed=paths,
             )
     except PipelineError as exc:
         raise usage_error(exc, json_out) from None
