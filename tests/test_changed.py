@@ -45,16 +45,16 @@ def tree(out: Path) -> dict[str, dict[str, object]]:
 def state(out: Path) -> dict[str, object]:
     """The state's documents and redirects, without what differs run to run (mtimes, generation)."""
     dumped = dump_state(out)
-    docs = {
-        rel: {k: v for k, v in entry.items() if k != "mtime_ns"} for rel, entry in dumped["docs"].items()
-    }
+    docs = {rel: {k: v for k, v in entry.items() if k != "mtime_ns"} for rel, entry in dumped["docs"].items()}
     return {"docs": docs, "redirects": dumped["redirects"]}
 
 
 def edits(corpus: Path) -> None:
     """One paragraph edited, one document deleted, one added."""
     guide = corpus / "guide.md"
-    guide.write_text(guide.read_text().replace("Paragraph 1 of section 2", "A rewritten paragraph of section 2"))
+    guide.write_text(
+        guide.read_text().replace("Paragraph 1 of section 2", "A rewritten paragraph of section 2")
+    )
     (corpus / "sub" / "notes.md").unlink()
     (corpus / "new.md").write_text("# New\n\n" + section(7, 3))
 
