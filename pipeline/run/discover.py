@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable, Iterator
-from operator import attrgetter
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -88,7 +88,7 @@ def discover(
         seen_dirs.add(key)
         try:
             with os.scandir(folder) as listing:
-                entries = sorted(listing, key=_NAME)
+                entries = list(listing)  # in no order: the documents are sorted once, at the end
         except OSError as exc:
             problems.append(
                 f"{rel or '.'}/: read: cannot list folder ({exc.strerror}) (hint: make it readable)"
@@ -98,6 +98,7 @@ def discover(
             return
         prefix = f"{rel}/" if rel else ""
         subfolders: list[tuple[str, str, tuple[int, int] | None]] = []
+        bad_names: list[str] = []
         for entry in entries:
             name = entry.name
             try:
@@ -111,7 +112,7 @@ def discover(
             if not (name.isascii() or _utf8(name)):
                 if (is_dir and name not in SKIP_DIRS) or is_file:
                     shown = os.fsencode(rel_path).decode("utf-8", "backslashreplace")
-                    problems.append(
+                    bad_names.append(
                         f"{shown}: read: the name is not valid UTF-8, skipped (hint: rename it to UTF-8)"
                     )
                 continue
@@ -139,7 +140,11 @@ def discover(
                 found.append(doc)
                 if tell is not None and tell(doc):
                     tell = None  # it has heard enough
-        stack.extend(reversed(subfolders))  # depth first, in name order, as a recursion would
+        problems.extend(sorted(bad_names))
+        # depth first, in name order, as a recursion would: of two ways into one folder
+        # (symlinks), the first by name is the one its documents are found under
+        subfolders.sort(key=_REL, reverse=True)
+        stack.extend(subfolders)
 
     stack: list[tuple[str, str, tuple[int, int] | None]] = [(str(root), "", None)]
     while stack:
@@ -148,7 +153,7 @@ def discover(
     return found, problems
 
 
-_NAME = attrgetter("name")
+_REL = itemgetter(1)
 
 
 def _rel(found: Found) -> str:
