@@ -496,6 +496,8 @@ class Session:
         else:
             wanted = sorted(set(paths))
             found = [f for f in (find_one(opts.corpus, rel, opts.out, opts.exclude) for rel in wanted) if f]
+            if found:  # ``ingest --changed``: most likely to chunk, so load the chunker meanwhile
+                self._warm()
             considered = set(wanted)
 
             def taken(name: str) -> str | None:
