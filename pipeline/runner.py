@@ -93,4 +93,3 @@ def counter(name: str) -> Counter:
     if name not in _COUNTERS:
         _COUNTERS[name] = Counter(name)
     return _COUNTERS[name]
-
