@@ -215,13 +215,19 @@ def serve(
     With ``policy`` (a worker forked before the parent loaded anything, ``GuardPool.warm``)
     it first loads all a document needs itself (``worker.prepare``) and says ``READY``:
     the same loading the parent would have done before forking, done at the worker's
-    start, never in the middle of a document.
+    start, never in the middle of a document. If that fails (a missing extra) it says so
+    and exits quietly: the parent then loads it itself, and reports the error as a run would.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if policy is not None:
-        from pipeline.run.worker import prepare
+        try:
+            from pipeline.run.worker import prepare
 
-        prepare(policy)
+            prepare(policy)
+        except Exception:  # noqa: BLE001 - a setup error: the parent loads it again and reports it
+            with contextlib.suppress(OSError, ValueError):
+                conn.send("failed")
+            return
         conn.send(READY)
     from pipeline.run.worker import DocResult, process_document
 
