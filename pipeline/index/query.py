@@ -60,11 +60,16 @@ class Searcher:
         *,
         expand_tokens: int = DEFAULT_BUDGET,
         corpus: Path | None = None,
+        rrf_k: int = RRF_K,
+        weights: tuple[float, float] = (1.0, 1.0),
     ) -> None:
         if expand_tokens < 0:
             raise UsageError(f"expand_tokens must be 0 (off) or more, got {expand_tokens}")
         self.out = Path(out)
         self.expand_tokens = expand_tokens
+        self.rrf_k = rrf_k
+        self.weights = weights
+        """Hybrid fusion: ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)`` (the bench tunes them)."""
         self._corpus = corpus
         self._sources: Any = None
         self._counter: Callable[[str], int] | None = None
@@ -262,9 +267,15 @@ class Searcher:
             elif mode == "dense":
                 out.append((cid, vec[cid][1], features, vec[cid][0]))
             else:
-                ranks = [pair[0] for pair in (lex.get(cid), vec.get(cid)) if pair is not None]
-                out.append((cid, sum(1.0 / (RRF_K + r) for r in ranks), features, min(ranks)))
+                pairs = [
+                    (w, p[0]) for w, p in zip(self.weights, (lex.get(cid), vec.get(cid)), strict=True) if p
+                ]
+                fused = sum(w / (self.rrf_k + r) for w, r in pairs)
+                out.append((cid, fused, features, min(r for _, r in pairs)))
         return out
+
+    def _normalize(self, score: float, mode: str) -> float:
+        return normalize(score, mode, self.rrf_k, sum(self.weights))
 
     def _item(
         self, row: ChunkRow, score: float, features: Mapping[str, float | None], k_pos: int, mode: str
@@ -281,9 +292,9 @@ class Searcher:
             "embed_model": self.meta.get("embed_model", ""),
             "analyzer": row.analyzer,
             "rev": row.rev,
-            "score": normalize(score, mode),
+            "score": self._normalize(score, mode),
             "score_raw": score,
-            "score_norm": normalize(score, mode),
+            "score_norm": self._normalize(score, mode),
             "k_pos": k_pos,
             "k_final": 0,
             "source": mode,
@@ -297,13 +308,14 @@ class Searcher:
         }
 
 
-def normalize(score: float, mode: str) -> float:
-    """``score_norm`` in [0, 1] from the raw score alone (see the module docstring)."""
+def normalize(score: float, mode: str, rrf_k: int = RRF_K, weight_sum: float = 2.0) -> float:
+    """``score_norm`` in [0, 1] from the raw score alone (see the module docstring); a fused score
+    is divided by its maximum, ``weight_sum / (rrf_k + 1)``."""
     if mode == "bm25":
         return score / (1.0 + score) if score > 0 else 0.0
     if mode == "dense":
         return min(1.0, max(0.0, (1.0 + score) / 2.0))
-    return min(1.0, score / (2.0 / (RRF_K + 1)))
+    return min(1.0, score / (weight_sum / (rrf_k + 1)))
 
 
 def search(
