@@ -188,7 +188,8 @@ def variant_searches(
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     for name in names:
         base, _, rest = name.partition("+")
-        if base == "search":
+        if base == "search" or base.startswith("search@"):
+            rest = rest + base.removeprefix("search")  # ``search@set`` carries its set in the base
             parsed = search_options(rest)
             source = (parsed[2] if parsed else None) or DEFAULT_SET
             if parsed is None or source not in chunk_dirs or embed is None:
