@@ -63,7 +63,8 @@ def main() -> None:
         print(summary(corpus, rows, args.ours, args.mode))
         if args.compact:
             print(compact(corpus, rows, [(args.ours, f"**chunkyard search ({args.ours}), default settings**"),
-                                         ("search+merge0", "chunkyard search --no-expand")]))
+                                         ("search+merge0", "chunkyard search --no-expand"),
+                                         ("search@chunkyard-512", "chunkyard search, 512-token chunks (before 0.4.0)")]))
 
 
 def compact(corpus: str, rows: dict[str, dict[str, dict[str, float]]], names: list[tuple[str, str]]) -> str:
