@@ -37,7 +37,7 @@ class CachedEmbed:
         self.max_tokens: int = model.max_tokens
         self.count_tokens = model.count_tokens
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path)
+        self.db = sqlite3.connect(path, timeout=300)  # parallel bench runs share the file
         self.db.execute("CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)")
         self.quiet = quiet
         self.hits = 0

@@ -277,11 +277,13 @@ def main() -> None:
     ap.add_argument("--corpora", default=DEFAULT_CORPORA)
     ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all); chunkyard-N, "
                     "chunkyard-wpN (wordpiece budget), chunkyard-N-original (no breadcrumb), or a peer")
-    ap.add_argument("--variants", default="search,search+merge768,chunkyard-256+expand768,chunkyard-512+multi200",
-                    help="search-side variants: <set>+expand<B> (hit + same-section neighbours, B tokens), "
+    ap.add_argument("--variants", default="search,search+merge0",
+                    help="search-side variants: search[+merge<B>|+expand<B>|+rrf<K>|+wd<W>][@<set>] (chunkyard's own "
+                    "index and search, default settings unless changed), <set>+merge<B> / <set>+expand<B> "
+                    "(stand-in, hit + ranked / any same-section neighbours, B tokens), "
                     "<set>+multi<W> (several vectors per chunk, windows of W wordpieces)")
     ap.add_argument("--tag", default="", help="suffix of the result files (retrieval-<corpus><tag>.json)")
-    ap.add_argument("--ours", default="search+merge768", help="the row the paired view compares with every other")
+    ap.add_argument("--ours", default="search", help="the row the paired view compares with every other")
     ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
     ap.add_argument("--max-bytes", type=int, default=1_600_000,

@@ -1,11 +1,11 @@
 """The goal check of issue 17 from ``make bench-retrieval``'s result files: chunkyard against the best peer.
 
-    python bench/retrieval_summary.py [--ours search+merge768] [--mode hybrid]
+    python bench/retrieval_summary.py [--ours search] [--mode hybrid] [--compact]
 
 Reads every ``bench/results/retrieval-<corpus>*.json`` (runs with different ``--tag`` are
 merged; a later file wins for a name it repeats) and prints, per corpus, the best peer on
-each metric (any peer chunker, any mode), chunkyard's row in ``--mode`` and the
-difference. The goal: ≥ +3 points on nDCG@10 and on recall@2000tok, ≥ 0 on recall@5.
+each metric (any peer chunker, any mode), chunkyard's row in ``--mode`` (``search``:
+chunkyard's own index and search with default settings) and the difference. The goal: ≥ +3 points on nDCG@10 and on recall@2000tok, ≥ 0 on recall@5.
 """
 
 from __future__ import annotations
@@ -55,30 +55,27 @@ def summary(corpus: str, rows: dict[str, dict[str, dict[str, float]]], ours: str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ours", default="search+merge768")
+    ap.add_argument("--ours", default="search")
     ap.add_argument("--mode", default="hybrid")
     ap.add_argument("--compact", action="store_true", help="also one short table per corpus (docs/benchmarks.md)")
     args = ap.parse_args()
     for corpus, rows in load().items():
         print(summary(corpus, rows, args.ours, args.mode))
         if args.compact:
-            print(compact(corpus, rows, [(args.ours, "**chunkyard search, 256 tokens, merged to 768**"),
-                                         ("search", "chunkyard search, 256 tokens, not merged"),
-                                         ("chunkyard-512", "chunkyard, 512 tokens, not merged (stand-in; the default)")]))
+            print(compact(corpus, rows, [(args.ours, f"**chunkyard search ({args.ours}), default settings**"),
+                                         ("search+merge0", "chunkyard search --no-expand"),
+                                         ("search@chunkyard-512", "chunkyard search, 512-token chunks (before 0.4.0)")]))
 
 
 def compact(corpus: str, rows: dict[str, dict[str, dict[str, float]]], names: list[tuple[str, str]]) -> str:
-    """One Markdown table: the given (row, label) pairs in hybrid mode, then each peer's best mode."""
+    """One Markdown table: the given (row, label) pairs, then every peer, each in every mode."""
     cols = ("recall@5", "nDCG@10", "recall@2000tok")
     lines = [f"**{corpus}**", "", "| run | mode | R@5 | nDCG@10 | R@2k tok |", "|---|---|---:|---:|---:|"]
-    for name, label in names:
-        if name in rows and "hybrid" in rows[name]:
-            m = rows[name]["hybrid"]
-            lines.append(f"| {label} | hybrid | " + " | ".join(f"{100 * m[c]:.1f}" for c in cols) + " |")
-    for name in PEERS:
-        if name in rows:
-            mode, m = max(rows[name].items(), key=lambda kv: kv[1]["nDCG@10"])
-            lines.append(f"| {name} | {mode} | " + " | ".join(f"{100 * m[c]:.1f}" for c in cols) + " |")
+    for name, label in [*names, *((p, p) for p in PEERS)]:
+        for mode in ("hybrid", "dense", "bm25"):
+            m = rows.get(name, {}).get(mode)
+            if m is not None:
+                lines.append(f"| {label} | {mode} | " + " | ".join(f"{100 * m[c]:.1f}" for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 

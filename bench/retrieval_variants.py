@@ -5,10 +5,14 @@ embeds only what it adds:
 
 - ``<set>+expand<B>``: the search's items expanded by ``pipeline.index.expand`` (the hit
   plus its neighbours in the same section, one citation span, at most ``B`` tokens).
-- ``search`` / ``search+expand<B>`` / ``search+merge<B>[@<set>]``: not the bench's stand-in
-  retriever but chunkyard's own index and search (``chunkyard index``: SQLite FTS5 +
-  sqlite-vec; ``Searcher``, expanded as ``chunkyard eval --expand`` does) over the folder
-  of ``DEFAULT_SET`` (256 tokens) or ``<set>``'s, with the bench's cached embedder.
+- ``search``: not the bench's stand-in retriever but chunkyard's own index and search with
+  **default settings** (``chunkyard index``: SQLite FTS5 + sqlite-vec; ``Searcher()``, so
+  passages merged as ``chunkyard search`` returns them) over the folder of ``DEFAULT_SET``
+  (the ingest default's budget), with the bench's cached embedder. Options after ``+``,
+  joined by ``+``, change one setting each: ``merge<B>`` (passage budget; ``merge0`` = plain
+  chunks), ``expand<B>`` (plain search, then growth into unranked neighbours too),
+  ``rrf<K>`` (fusion constant), ``wd<W>`` (dense weight in tenths, BM25 weight 1), and
+  ``@<set>`` at the end another chunk set (``search+merge512@chunkyard-256``).
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
 - ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
@@ -33,9 +37,15 @@ import orjson
 from pipeline.evaluate.chunks import EvalChunk, iter_chunk_files
 from pipeline.index.expand import ChunkSpan, chunk_spans, expand
 
-#: The chunk set the ``search`` rows run over unless ``@<set>`` names another: 256 tokens, the
-#: measured best with the merge (docs/benchmarks.md; the ingest default is still 512).
-DEFAULT_SET = "chunkyard-256"
+
+def _default_set() -> str:
+    from pipeline.models import Policy
+
+    return f"chunkyard-{Policy().target_tokens}"
+
+
+#: The chunk set the ``search`` rows run over unless ``@<set>`` names another: the ingest default.
+DEFAULT_SET = _default_set()
 
 
 def spans_of(chunk_dir: Path, count: Callable[[str], int]) -> dict[str, ChunkSpan]:
@@ -127,26 +137,47 @@ def multi_vector(base: Any, chunks: Sequence[EvalChunk], embed: Any, size: int) 
 
 
 class IndexSearch:
-    """chunkyard's own index over a chunk folder, asked as a ``Search`` (optionally expanded)."""
+    """chunkyard's own index over a chunk folder, asked as a ``Search`` (``Searcher`` with ``options``)."""
 
     modes: tuple[str, ...] = ("bm25", "dense", "hybrid")
 
-    def __init__(self, chunk_dir: Path, embed: Any, expand_tokens: int = 0, ranked_only: bool = True) -> None:
+    def __init__(self, chunk_dir: Path, embed: Any, options: Mapping[str, Any], grow: int = 0) -> None:
         from pipeline.evaluate.run import prompt_search
         from pipeline.index.query import Searcher
         from pipeline.index.sync import index
 
         report = index(chunk_dir, embedder=embed)
         print(f"    index: {report}"[:300], file=sys.stderr)
-        manifest = orjson.loads((chunk_dir / ".chunkyard" / "manifest.json").read_bytes())
-        corpus = Path(manifest["corpus"])
-        self.searcher = Searcher(chunk_dir, embedder=embed)
-        self.search = (
-            prompt_search(self.searcher, chunk_dir, corpus, expand_tokens, ranked_only) if expand_tokens else self.searcher
-        )
+        from pipeline.audit.store import open_store
+
+        corpus = open_store(chunk_dir).corpus
+        self.searcher = Searcher(chunk_dir, embedder=embed, corpus=corpus, **options)
+        # the prompt's view: tokens counted again in cl100k; ``grow``: into unranked neighbours too
+        self.search = prompt_search(self.searcher, chunk_dir, corpus, grow, ranked_only=False)
 
     def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
         return list(self.search(query, mode, k))
+
+
+def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
+    """``merge768+rrf30@chunkyard-256`` → (Searcher options, unranked growth, chunk set); None if malformed."""
+    rest, _, source = rest.partition("@")
+    options: dict[str, Any] = {}
+    grow = 0
+    for part in [p for p in rest.split("+") if p]:
+        m = re.fullmatch(r"(merge|expand|rrf|wd)(\d+)", part)
+        if m is None:
+            return None
+        value = int(m.group(2))
+        if m.group(1) == "merge":
+            options["expand_tokens"] = value
+        elif m.group(1) == "expand":
+            options["expand_tokens"], grow = 0, value
+        elif m.group(1) == "rrf":
+            options["rrf_k"] = value
+        else:
+            options["weights"] = (1.0, value / 10)
+    return options, grow, source or None
 
 
 def variant_searches(
@@ -157,14 +188,15 @@ def variant_searches(
     out: dict[str, tuple[str, Callable[[], Any]]] = {}
     for name in names:
         base, _, rest = name.partition("+")
-        if base == "search":
-            grow = re.fullmatch(r"(expand|merge)(\d+)(?:@(chunkyard-\w+))?", rest)
-            source = (grow.group(3) if grow else None) or DEFAULT_SET
-            if source not in chunk_dirs or embed is None or (rest and grow is None):
-                print(f"  {name}: skipped (needs the {source} set and an embedder)", file=sys.stderr)
+        if base == "search" or base.startswith("search@"):
+            rest = rest + base.removeprefix("search")  # ``search@set`` carries its set in the base
+            parsed = search_options(rest)
+            source = (parsed[2] if parsed else None) or DEFAULT_SET
+            if parsed is None or source not in chunk_dirs or embed is None:
+                print(f"  {name}: skipped (malformed, or needs the {source} set and an embedder)", file=sys.stderr)
                 continue
-            tokens, merge = (int(grow.group(2)), grow.group(1) == "merge") if grow else (0, True)
-            out[name] = (source, lambda d=chunk_dirs[source], t=tokens, m=merge: IndexSearch(d, embed, t, m))
+            options, grow = parsed[0], parsed[1]
+            out[name] = (source, lambda d=chunk_dirs[source], o=options, g=grow: IndexSearch(d, embed, o, g))
             continue
         if base not in built:
             print(f"  {name}: skipped (no chunk set {base})", file=sys.stderr)

@@ -50,7 +50,7 @@ def chunk_text(text: str, path: str = "doc.md", policy: Policy | None = None) ->
         text: the Markdown source.
         path: the corpus-relative path the text would have: it names the ids
             (``doc:<path without extension>::ch<N>``, ``chunk_id``) and ``source_url``.
-        policy: the chunking policy (default ``Policy()``: 512 tokens, 64 overlap, cl100k_base).
+        policy: the chunking policy (default ``Policy()``: 256 tokens, 64 overlap, cl100k_base).
 
     Returns:
         One chunk record (a dict, as in a chunk file) per chunk, in reading order.

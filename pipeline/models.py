@@ -40,7 +40,7 @@ ATOMIC_KINDS = frozenset({"code", "html", "formula", "image"})
 class Policy:
     """The chunking policy; its canonical JSON is hashed into ``policyHash``."""
 
-    target_tokens: int = 512
+    target_tokens: int = 256
     overlap_tokens: int = 64
     tokenizer: str = "cl100k_base"
     context_prefix: bool = True

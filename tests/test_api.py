@@ -48,7 +48,7 @@ def test_chunk_text_names_ids_after_the_path_and_follows_the_policy() -> None:
     assert all(r["chunk_id"].startswith("guides/one|r=") for r in records)
     assert all(r["tokenStats"]["tokens"] <= POLICY.target_tokens for r in records)
     assert [r["chunkNumber"] for r in records] == list(range(len(records)))
-    big = pipeline.chunk_text(text)  # default policy: 512 tokens, fewer chunks
+    big = pipeline.chunk_text(text)  # default policy: 256 tokens, fewer chunks than POLICY
     assert big[0]["id"] == "doc:doc::ch0" and len(big) < len(records)
     assert pipeline.chunk_text("") == []
 

@@ -158,7 +158,7 @@ def test_hash_is_blake3_of_original_text() -> None:
 def test_policy_hash() -> None:
     assert re.fullmatch(r"[0-9a-f]{16}", policy_hash(Policy()))
     assert policy_hash(Policy()) == policy_hash(Policy())
-    others = [Policy(target_tokens=256), Policy(overlap_tokens=0), Policy(tokenizer="o200k_base"),
+    others = [Policy(target_tokens=512), Policy(overlap_tokens=0), Policy(tokenizer="o200k_base"),
               Policy(context_prefix=False), Policy(lang="fr")]  # fmt: skip
     assert len({policy_hash(p) for p in [Policy(), *others]}) == 6
 

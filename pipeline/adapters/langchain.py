@@ -82,7 +82,7 @@ class ChunkyardTextSplitter(TextSplitter):
     ``target_tokens`` / ``overlap_tokens``.
 
     Args:
-        policy: the chunking policy (default ``Policy()``: 512 tokens, 64 overlap, cl100k).
+        policy: the chunking policy (default ``Policy()``: 256 tokens, 64 overlap, cl100k).
         content: ``embed`` (default: the context line, then the text) or ``original``.
         path: the path a text is named by when its metadata has no ``source``.
         **kwargs: passed to ``TextSplitter`` (``length_function`` and the like are unused).

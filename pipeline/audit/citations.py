@@ -13,6 +13,7 @@ import json
 from collections import Counter as Tally
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,10 @@ CODES: dict[str, tuple[str, str]] = {
     "doc_mismatch": ("doc_id is not the doc_uid of the chunk", _REBUILD),
     "source_mismatch": ("source_url is not the chunk's source_url", _REBUILD),
     "tokens_mismatch": ("tokens differs from the chunk's count for the whole chunk", _REBUILD),
+    "bad_passage": (
+        "chunk_ids does not name one run of chunks of the cited chunk's section, snippet_id among them",
+        "copy the passage from `chunkyard search --json` (chunk_ids, offsets and tokens together)",
+    ),
     "unreadable_chunk": ("the chunk file behind the snippet cannot be read", "run `chunkyard validate`"),
     "mismatch_index_hash": (
         "index_hash is not the live index's: the citation came from another index (model or chunks)",
@@ -188,7 +193,8 @@ def check_answer(
                 continue
             where = f"{prefix}citations[{i}]"
             rec = _lookup(cit, store, records, where, report)
-            _check_fields(cit, rec, where, report)
+            span = _passage_span(cit, rec, store, records, where, report)
+            _check_fields(cit, rec, where, report, span)
             got = cit.get("index_hash")
             if live_index_hash is not None and isinstance(got, str) and got != live_index_hash:
                 report.problems.append(
@@ -315,10 +321,78 @@ def _unknown(snippet: str, store: ChunkStore, where: str, report: CitationReport
     report.problems.append(Finding("unknown_snippet", where, "snippet_id", message))
 
 
+def _passage_span(
+    cit: dict[str, Any],
+    rec: dict[str, Any] | None,
+    store: ChunkStore,
+    records: dict[str, dict[str, Any] | None],
+    where: str,
+    report: CitationReport,
+) -> tuple[int, int] | None:
+    """The ``[start, end)`` a passage citation may cover: the union of its ``chunk_ids``.
+
+    ``chunkyard search`` merges a hit with ranked neighbours of its section into one
+    passage and names them in ``chunk_ids``. Its offsets are valid when those chunks
+    are live, of the hit's document and section, the hit among them, and one run of the
+    document's chain (in source order each one's ``nextId`` is the next one's ``id``: no
+    chunk skipped; the whitespace between two chunks belongs to the passage). ``None``: not
+    a passage (no ``chunk_ids``, or only the hit), or a bad one (``bad_passage`` added).
+    """
+    ids = cit.get("chunk_ids")
+    if ids is None or rec is None:
+        return None
+    snippet = cit.get("snippet_id")
+    if not isinstance(ids, list) or not ids or not all(isinstance(c, str) and c for c in ids):
+        report.problems.append(Finding("bad_passage", where, "chunk_ids", "is not a list of chunk ids"))
+        return None
+    if snippet not in ids:
+        report.problems.append(Finding("bad_passage", where, "chunk_ids", f"does not list {snippet!r}"))
+        return None
+    members: list[dict[str, Any]] = []
+    for chunk_id in dict.fromkeys(ids):
+        member = (
+            rec if chunk_id == snippet else _lookup({"snippet_id": chunk_id}, store, records, where, report)
+        )
+        if member is None:
+            return None  # its own finding (unknown or redirected snippet) says why
+        if (member["doc_id"], member["section_id"]) != (rec["doc_id"], rec["section_id"]):
+            report.problems.append(
+                Finding(
+                    "bad_passage",
+                    where,
+                    "chunk_ids",
+                    f"{chunk_id!r} is in section {member['section_id']} of {member['doc_id']}, "
+                    f"not the cited chunk's {rec['section_id']} of {rec['doc_id']}",
+                )
+            )
+            return None
+        members.append(member)
+    members.sort(key=lambda m: (m["charOffsets"]["charStart"], m["charOffsets"]["charEnd"]))
+    for before, after in pairwise(members):
+        if before.get("nextId") != after["id"]:
+            report.problems.append(
+                Finding(
+                    "bad_passage",
+                    where,
+                    "chunk_ids",
+                    f"not one run: the chunk after {before['chunk_id']!r} is not {after['chunk_id']!r}",
+                )
+            )
+            return None
+    if len(members) == 1:
+        return None
+    return members[0]["charOffsets"]["charStart"], max(m["charOffsets"]["charEnd"] for m in members)
+
+
 def _check_fields(
-    cit: dict[str, Any], rec: dict[str, Any] | None, where: str, report: CitationReport
+    cit: dict[str, Any],
+    rec: dict[str, Any] | None,
+    where: str,
+    report: CitationReport,
+    passage: tuple[int, int] | None = None,
 ) -> None:
-    """Offsets on their own, then every verifiable field against the chunk."""
+    """Offsets on their own, then every verifiable field against the chunk (against the
+    passage's span when the citation is a passage: ``_passage_span``)."""
     add = report.problems.append
     offsets = cit.get("offsets")
     start = end = None
@@ -333,11 +407,12 @@ def _check_fields(
             start = end = None
     if rec is None:
         return
-    cs, ce = rec["charOffsets"]["charStart"], rec["charOffsets"]["charEnd"]
+    cs, ce = passage or (rec["charOffsets"]["charStart"], rec["charOffsets"]["charEnd"])
     if start is not None and end is not None and not (cs <= start and end <= ce):
+        what = "passage's" if passage else "chunk's"
         add(
             Finding(
-                "bad_offsets", where, "offsets", f"[{start}, {end}) is not inside the chunk's [{cs}, {ce})"
+                "bad_offsets", where, "offsets", f"[{start}, {end}) is not inside the {what} [{cs}, {ce})"
             )
         )
     checks = (
@@ -352,7 +427,7 @@ def _check_fields(
         if isinstance(got, str) and got != want:
             add(Finding(code, where, name, f"is {got!r}, the chunk's is {want!r}"))
     tokens = cit.get("tokens")
-    whole = (start, end) == (cs, ce)
+    whole = passage is None and (start, end) == (cs, ce)
     if isinstance(tokens, int) and whole and tokens != rec["tokenStats"]["tokens"]:
         add(
             Finding(

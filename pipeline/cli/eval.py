@@ -19,6 +19,7 @@ from rich.table import Table
 
 from pipeline.cli.base import AuditCorpusOpt, JsonOpt, QuietOpt, err, out_console, usage_error
 from pipeline.errors import PipelineError, UsageError
+from pipeline.index.expand import DEFAULT_BUDGET
 
 MODES = ("hybrid", "dense", "bm25")
 #: The columns of the table, in the order 004 and MTEB list them (nDCG@10 is the headline).
@@ -59,9 +60,11 @@ ExpandOpt = Annotated[
         "--expand",
         min=0,
         metavar="TOKENS",
-        help="Merge each hit with its ranked same-section neighbours up to TOKENS, cited as one span (0 = off).",
+        help="Merge each hit with its ranked same-section neighbours up to TOKENS, cited as one span "
+        "(0 = off), exactly as `chunkyard search` does.",
     ),
 ]
+NoExpandOpt = Annotated[bool, typer.Option("--no-expand", help="Plain chunks, no passages (= --expand 0).")]
 PerQueryOpt = Annotated[bool, typer.Option("--per-query", help="One row per question and mode.")]
 BeirOpt = Annotated[
     Path | None,
@@ -75,9 +78,12 @@ HtmlOpt = Annotated[
 ]
 
 
-def open_index_search(out: Path, store: Path | None) -> tuple[Any, dict[str, Any]]:
-    """The index's ``search(query, mode, k)`` (``pipeline.index.query.Searcher``) and its identity
-    (``index_hash``, ``embed_model``, ``analyzer``, as the index records them)."""
+def open_index_search(
+    out: Path, store: Path | None, expand_tokens: int = DEFAULT_BUDGET, corpus: Path | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """The index's ``search(query, mode, k)`` (``pipeline.index.query.Searcher``, passages of
+    ``expand_tokens``, as ``chunkyard search`` gives them) and its identity (``index_hash``,
+    ``embed_model``, ``analyzer``, as the index records them, and ``expand_tokens``)."""
     try:
         from pipeline.index.query import Searcher
     except ImportError as exc:  # the index extra (apsw, sqlite-vec, onnxruntime) is missing
@@ -85,10 +91,11 @@ def open_index_search(out: Path, store: Path | None) -> tuple[Any, dict[str, Any
             f"chunkyard eval needs the index ({exc.name} is not installed) "
             "(hint: pip install 'chunkyard[index]', then run `chunkyard index`)"
         ) from None
-    searcher = Searcher(out, store)
-    identity = {
+    searcher = Searcher(out, store, expand_tokens=expand_tokens, corpus=corpus)
+    identity: dict[str, Any] = {
         key: searcher.meta[key] for key in ("index_hash", "embed_model", "analyzer") if searcher.meta.get(key)
     }
+    identity["expand_tokens"] = expand_tokens
     return searcher, identity
 
 
@@ -109,7 +116,8 @@ def eval_cmd(
     store: StoreOpt = None,
     k: KOpt = 50,
     mode: ModeOpt = None,
-    expand: ExpandOpt = 0,
+    expand: ExpandOpt = DEFAULT_BUDGET,
+    no_expand: NoExpandOpt = False,
     per_query: PerQueryOpt = False,
     beir: BeirOpt = None,
     trec: TrecOpt = None,
@@ -130,10 +138,8 @@ def eval_cmd(
     modes = _modes(mode)
     try:
         chunk_store = open_store(out, corpus, need_corpus=True)
-        search, identity = open_index_search(out, store)
-        asked = prompt_search(search, out, chunk_store.corpus, expand)
-        if expand:
-            identity["expand_tokens"] = expand
+        search, identity = open_index_search(out, store, 0 if no_expand else expand, chunk_store.corpus)
+        asked = prompt_search(search, out, chunk_store.corpus)
         result = run_eval(
             gold, chunk_store.corpus, asked, modes=modes, k=k, index=identity, per_query=per_query
         )

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from pipeline.cli.base import JsonOpt, QuietOpt, WaitOpt, bar_progress, err, out_console, usage_error
 from pipeline.errors import PipelineError
+from pipeline.index.expand import DEFAULT_BUDGET
 
 IndexOutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder to index.")]
 StoreOpt = Annotated[
@@ -137,13 +138,28 @@ def search_cmd(
             help="Also write the hits, highlighted in their source, as one HTML page.",
         ),
     ] = None,
+    expand: Annotated[
+        int,
+        typer.Option(
+            "--expand",
+            min=0,
+            metavar="TOKENS",
+            help="Merge each hit with its ranked same-section neighbours into one passage of at most "
+            "TOKENS, cited as one span (0 = off).",
+        ),
+    ] = DEFAULT_BUDGET,
+    no_expand: Annotated[
+        bool, typer.Option("--no-expand", help="Plain chunks, no passages (= --expand 0).")
+    ] = False,
 ) -> None:
-    """Search the index: ranked chunks with their source, lines and citation payload."""
+    """Search the index: ranked passages (a hit and its ranked section neighbours) with their source,
+    lines and citation payload."""
     from pipeline.index.query import search
     from pipeline.index.store import IndexMismatchError
 
     try:
-        record = search(out, query, k=k, mode=mode, store=store, embedder=embedder)
+        budget = 0 if no_expand else expand
+        record = search(out, query, k=k, mode=mode, store=store, embedder=embedder, expand_tokens=budget)
         if html is not None:
             _write_search_page(record, query, out, html)
     except IndexMismatchError as exc:

@@ -43,18 +43,33 @@ class ChunkSpan:
     prev_id: str | None
     """The chunk before it in the same document (``None`` for the first)."""
     next_id: str | None
+    line_start: int = 0
+    """``lineSpan`` (1-based, inclusive); 0 when unknown."""
+    line_end: int = 0
 
 
 Lookup = Callable[[str], ChunkSpan | None]
 
 
+Size = Callable[[Sequence[ChunkSpan]], int]
+
+
+def _sum_tokens(members: Sequence[ChunkSpan]) -> int:
+    return sum(m.tokens for m in members)
+
+
 def _passage(
-    hit: ChunkSpan, lookup: Lookup, budget: int, taken: set[str], within: Collection[str] | None
+    hit: ChunkSpan,
+    lookup: Lookup,
+    budget: int,
+    taken: set[str],
+    within: Collection[str] | None,
+    size: Size = _sum_tokens,
 ) -> list[ChunkSpan]:
     """The hit and its same-section neighbours, after first then before, within ``budget`` tokens
-    (a chunk already in an earlier passage is a wall, and so is one outside ``within``)."""
+    as ``size`` counts them (a chunk already in an earlier passage is a wall, and so is one
+    outside ``within``)."""
     members = [hit]
-    used = hit.tokens
     ends = {"next": hit, "prev": hit}
     open_sides = ["next", "prev"]
     while open_sides:
@@ -66,12 +81,11 @@ def _passage(
                 or chunk.chunk_id in taken
                 or (within is not None and chunk.chunk_id not in within)
                 or not _same_section(chunk, hit)
-                or used + chunk.tokens > budget
+                or size([*members, chunk]) > budget
             ):
                 open_sides.remove(side)
                 continue
             members.append(chunk)
-            used += chunk.tokens
             ends[side] = chunk
     return members
 
@@ -88,6 +102,7 @@ def expand(
     id_of: Callable[[Mapping[str, Any]], str] = lambda item: str(item["chunk_id"]),
     text_of: Callable[[str, int, int], str] | None = None,
     ranked_only: bool = False,
+    count: Callable[[str], int] | None = None,
 ) -> list[dict[str, Any]]:
     """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
 
@@ -99,8 +114,22 @@ def expand(
     With ``ranked_only``, a passage grows only into neighbours that are among ``items``
     themselves (adjacent hits merge into one passage at the better rank; an unranked
     neighbour spends no budget).
+
+    With ``count`` (and ``text_of``), a passage's size is ``count`` of its own text (chunks
+    overlap, so the sum of their tokens overstates it): the budget holds for ``tokens``
+    exactly. Without, the size is the sum of the members' ``tokens``.
     """
     within = {id_of(item) for item in items} if ranked_only else None
+    size: Size = _sum_tokens
+    if count is not None and text_of is not None:
+        measure, read = count, text_of
+
+        def size(members: Sequence[ChunkSpan]) -> int:
+            if len(members) == 1:
+                return members[0].tokens
+            start, end = min(m.start for m in members), max(m.end for m in members)
+            return measure(read(members[0].source, start, end))
+
     covered: set[str] = set()
     out: list[dict[str, Any]] = []
     for item in items:
@@ -112,13 +141,18 @@ def expand(
             covered.add(chunk_id)
             out.append(dict(item))
             continue
-        members = _passage(hit, lookup, budget, covered, within)
+        members = _passage(hit, lookup, budget, covered, within, size)
         covered.update(m.chunk_id for m in members)
         start = min(m.start for m in members)
         end = max(m.end for m in members)
         passage = {k: v for k, v in item.items() if k not in ("text", "originalText")}
         passage["offsets"] = {"start": start, "end": end, "unit": "char"}
-        passage["tokens"] = sum(m.tokens for m in members)
+        passage["tokens"] = size(members)
+        if "lineSpan" in item and all(m.line_start for m in members):
+            passage["lineSpan"] = {
+                "lineStart": min(m.line_start for m in members),
+                "lineEnd": max(m.line_end for m in members),
+            }
         passage["chunk_ids"] = [hit.chunk_id] + [
             m.chunk_id for m in sorted(members[1:], key=lambda m: m.start)
         ]
@@ -145,8 +179,15 @@ def chunk_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, ChunkSpan]:
             tokens=int(r["tokenStats"]["tokens"]),
             prev_id=by_id.get(str(prev_id)) if prev_id else None,
             next_id=by_id.get(str(next_id)) if next_id else None,
+            **_lines(r),
         )
     return spans
+
+
+def _lines(record: Mapping[str, Any]) -> dict[str, int]:
+    """A chunk record's ``lineSpan`` as ``ChunkSpan`` fields (zeros when it has none)."""
+    lines = record.get("lineSpan") or {}
+    return {"line_start": int(lines.get("lineStart", 0)), "line_end": int(lines.get("lineEnd", 0))}
 
 
 _CHUNK_NUMBER = re.compile(r"::ch(\d+)$")
@@ -205,25 +246,7 @@ class ChunkFiles:
                 tokens=int(rec["tokenStats"]["tokens"]),
                 prev_id=self._neighbour(path, rec.get("prevId")),
                 next_id=self._neighbour(path, rec.get("nextId")),
+                **_lines(rec),
             )
         self.spans[chunk_id] = span
         return span
-
-
-def expand_record(
-    record: Mapping[str, Any],
-    out: Path,
-    text_of: Callable[[str, int, int], str],
-    budget: int = DEFAULT_BUDGET,
-) -> dict[str, Any]:
-    """A search result record (004, items with ``chunk_file``) with its items merged into passages:
-    each hit with the neighbours of its section that the search ranked too, up to ``budget``
-    tokens (``expand(..., ranked_only=True)``); ``k_final`` renumbered; ``expand_tokens`` noted."""
-    files = ChunkFiles(out)
-    for item in record.get("items", ()):
-        if item.get("chunk_file"):
-            files.remember(str(item["chunk_id"]), str(item["chunk_file"]))
-    items = expand(record.get("items", ()), files, budget, text_of=text_of, ranked_only=True)
-    for final, item in enumerate(items, 1):
-        item["k_final"] = final
-    return {**record, "items": items, "expand_tokens": budget}

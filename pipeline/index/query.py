@@ -9,20 +9,30 @@ Scores: ``score_raw`` is the ranker's own (BM25 positive, higher is better; cosi
 similarity; the RRF sum); ``score_norm`` maps it into [0, 1] without looking at the other
 hits (BM25 s/(1+s), cosine (1+c)/2, RRF divided by its maximum 2/61), so it never makes
 ties that the raw scores did not have.
+
+Passages (issue 17): by default each hit is merged with the neighbours of its section that
+the search ranked too, up to ``expand_tokens`` (768) tokens of text, into one item: one
+citation span (``offsets`` cover the passage, ``text`` is exactly that slice of the source,
+``chunk_ids`` lists the merged chunks, hit first, ``tokens`` counts the passage). The merge
+looks at a pool of at least ``FUSE_DEPTH`` ranked chunks, then the best ``k`` passages are
+returned, so ``-k 5`` gives the first five of ``-k 50``'s. A document whose source changed
+since it was chunked is not merged (its hits stay chunks; a warning names it).
+``expand_tokens=0`` (``--no-expand``) returns plain chunks.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 import blake3
 
-from pipeline.errors import UsageError
+from pipeline.errors import PipelineError, UsageError
 from pipeline.index.analyzer import query_terms
+from pipeline.index.expand import DEFAULT_BUDGET, ChunkFiles, ChunkSpan, expand
 from pipeline.index.identity import check_compatible, rebuild_hint
 from pipeline.index.store import ChunkRow, VectorStore, open_store, store_spec
 
@@ -42,8 +52,27 @@ class Searcher:
     ``searcher.record(query, k, mode)`` the whole 004 record.
     """
 
-    def __init__(self, out: Path | str, store: str | Path | None = None, embedder: Any = None) -> None:
+    def __init__(
+        self,
+        out: Path | str,
+        store: str | Path | None = None,
+        embedder: Any = None,
+        *,
+        expand_tokens: int = DEFAULT_BUDGET,
+        corpus: Path | None = None,
+        rrf_k: int = RRF_K,
+        weights: tuple[float, float] = (1.0, 1.0),
+    ) -> None:
+        if expand_tokens < 0:
+            raise UsageError(f"expand_tokens must be 0 (off) or more, got {expand_tokens}")
         self.out = Path(out)
+        self.expand_tokens = expand_tokens
+        self.rrf_k = rrf_k
+        self.weights = weights
+        """Hybrid fusion: ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)`` (the bench tunes them)."""
+        self._corpus = corpus
+        self._sources: Any = None
+        self._counter: Callable[[str], int] | None = None
         self.db: VectorStore = open_store(self.out, store)
         self.meta = self.db.meta()
         if not self.meta.get("embed_model"):
@@ -92,18 +121,23 @@ class Searcher:
         items: list[dict[str, Any]] = self.record(query, k, mode)["items"]
         return items
 
-    def record(self, query: str, k: int = 10, mode: str = "hybrid") -> dict[str, Any]:
-        """004's retrieval result record for ``query``: the best ``k`` chunks by ``mode``."""
+    def record(
+        self, query: str, k: int = 10, mode: str = "hybrid", expand_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """004's retrieval result record for ``query``: the best ``k`` passages by ``mode``
+        (chunks when ``expand_tokens`` is 0; ``None``: the searcher's own setting)."""
+        budget = self.expand_tokens if expand_tokens is None else expand_tokens
         if mode not in MODES:
             raise UsageError(f"unknown search mode {mode!r} (hint: one of {', '.join(MODES)})")
         if k < 1:
             raise UsageError(f"k must be at least 1, got {k}")
         warnings: list[str] = []
         ranked: list[tuple[str, float, dict[str, float | None], int]] = []
+        pool = max(k, FUSE_DEPTH) if budget else k
         if not query.strip():
             warnings.append("empty query: nothing to search for")
         else:
-            ranked = self._rank(query, mode, k, warnings)
+            ranked = self._rank(query, mode, pool, warnings)
         rows = self.db.rows([cid for cid, *_ in ranked])
         items = [
             self._item(rows[cid], score, features, k_pos, mode)
@@ -111,6 +145,9 @@ class Searcher:
             if cid in rows
         ]
         items.sort(key=lambda it: (-it["score_norm"], it["section_id"], it["snippet_id"]))
+        items = items[:pool]
+        if budget:
+            items = self._merge(items, budget, warnings)
         items = items[:k]
         for final, item in enumerate(items, 1):
             item["k_final"] = final
@@ -131,8 +168,74 @@ class Searcher:
             "analyzer": self.meta.get("analyzer", self.db.analyzer),
             "store": self.db.kind,
             "warnings": warnings,
+            "expand_tokens": budget,
             "items": items,
         }
+
+    def _chunk_store(self) -> Any:
+        """The chunk folder's store (``pipeline.audit.store``), opened once; ``None`` when it cannot be."""
+        if self._sources is None:
+            from pipeline.audit.store import open_store
+
+            try:
+                self._sources = {"": open_store(self.out, self._corpus)}
+            except PipelineError:
+                self._sources = {"": None}
+        return self._sources[""]
+
+    def _source_text(self, rel: str) -> str | None:
+        """The current canonical text of the source ``rel`` (``None`` when it cannot be read)."""
+        store = self._chunk_store()
+        if store is None:
+            return None
+        if rel not in self._sources:
+            doc = store.source(rel)
+            self._sources[rel] = doc.text if doc is not None else None
+        text: str | None = self._sources[rel]
+        return text
+
+    def _merge(self, items: list[dict[str, Any]], budget: int, warnings: list[str]) -> list[dict[str, Any]]:
+        """``items`` (best first) merged into passages (``pipeline.index.expand``, ranked neighbours only).
+
+        A hit whose source no longer holds its text at its offsets (edited since ingest, or
+        gone) is kept as a chunk, with a warning: a passage is read from the source.
+        """
+        files = ChunkFiles(self.out)
+        stale: set[str] = set()
+        for item in items:
+            files.remember(item["chunk_id"], item["chunk_file"])
+            text = self._source_text(item["file"])
+            start, end = item["offsets"]["start"], item["offsets"]["end"]
+            if text is None or text[start:end] != item["text"]:
+                stale.add(item["file"])
+        for rel in sorted(stale):
+            warnings.append(
+                f"{rel}: the source changed since it was chunked; its hits are not merged "
+                f"(hint: chunkyard ingest, then chunkyard index --out {self.out})"
+            )
+
+        def lookup(chunk_id: str) -> ChunkSpan | None:
+            span = files(chunk_id)
+            return None if span is None or span.source in stale else span
+
+        def text_of(source: str, start: int, end: int) -> str:
+            return (self._source_text(source) or "")[start:end]
+
+        merged = expand(items, lookup, budget, text_of=text_of, ranked_only=True, count=self._count)
+        for item in merged:
+            item.setdefault("chunk_ids", [item["chunk_id"]])
+        return merged
+
+    @property
+    def _count(self) -> Callable[[str], int]:
+        """The chunks' token counter (the policy's tokenizer, cl100k by default), made once."""
+        if self._counter is None:
+            from pipeline.stages.tokens import Counter
+
+            store = self._chunk_store()
+            policy = (store.manifest.get("policy") or {}) if store is not None else {}
+            self._counter = Counter(str(policy.get("tokenizer") or "cl100k_base")).count
+        return self._counter
 
     def _rank(
         self, query: str, mode: str, k: int, warnings: list[str]
@@ -164,9 +267,15 @@ class Searcher:
             elif mode == "dense":
                 out.append((cid, vec[cid][1], features, vec[cid][0]))
             else:
-                ranks = [pair[0] for pair in (lex.get(cid), vec.get(cid)) if pair is not None]
-                out.append((cid, sum(1.0 / (RRF_K + r) for r in ranks), features, min(ranks)))
+                pairs = [
+                    (w, p[0]) for w, p in zip(self.weights, (lex.get(cid), vec.get(cid)), strict=True) if p
+                ]
+                fused = sum(w / (self.rrf_k + r) for w, r in pairs)
+                out.append((cid, fused, features, min(r for _, r in pairs)))
         return out
+
+    def _normalize(self, score: float, mode: str) -> float:
+        return normalize(score, mode, self.rrf_k, sum(self.weights))
 
     def _item(
         self, row: ChunkRow, score: float, features: Mapping[str, float | None], k_pos: int, mode: str
@@ -183,9 +292,9 @@ class Searcher:
             "embed_model": self.meta.get("embed_model", ""),
             "analyzer": row.analyzer,
             "rev": row.rev,
-            "score": normalize(score, mode),
+            "score": self._normalize(score, mode),
             "score_raw": score,
-            "score_norm": normalize(score, mode),
+            "score_norm": self._normalize(score, mode),
             "k_pos": k_pos,
             "k_final": 0,
             "source": mode,
@@ -199,13 +308,14 @@ class Searcher:
         }
 
 
-def normalize(score: float, mode: str) -> float:
-    """``score_norm`` in [0, 1] from the raw score alone (see the module docstring)."""
+def normalize(score: float, mode: str, rrf_k: int = RRF_K, weight_sum: float = 2.0) -> float:
+    """``score_norm`` in [0, 1] from the raw score alone (see the module docstring); a fused score
+    is divided by its maximum, ``weight_sum / (rrf_k + 1)``."""
     if mode == "bm25":
         return score / (1.0 + score) if score > 0 else 0.0
     if mode == "dense":
         return min(1.0, max(0.0, (1.0 + score) / 2.0))
-    return min(1.0, score / (2.0 / (RRF_K + 1)))
+    return min(1.0, score / (weight_sum / (rrf_k + 1)))
 
 
 def search(
@@ -215,14 +325,16 @@ def search(
     mode: str = "hybrid",
     store: str | Path | None = None,
     embedder: Any = None,
+    expand_tokens: int = DEFAULT_BUDGET,
 ) -> dict[str, Any]:
-    """One query against the index of the chunk folder ``out``: 004's retrieval result record.
+    """One query against the index of the chunk folder ``out``: 004's retrieval result record,
+    items merged into passages of at most ``expand_tokens`` tokens (0: plain chunks).
 
     Raises:
         UsageError: no index, an unknown mode, ``k`` < 1.
         IndexMismatchError: ``embedder`` (or this chunkyard's analyzer) differs from the index's.
     """
-    with Searcher(out, store, embedder) as searcher:
+    with Searcher(out, store, embedder, expand_tokens=expand_tokens) as searcher:
         return searcher.record(query, k, mode)
 
 

@@ -169,7 +169,7 @@ def histogram(tokens: list[int], target: int, per_target: int = 10) -> dict[str,
 
 def overview(docs: list[DocView], policy: dict[str, Any], failures: list[list[str]]) -> dict[str, Any]:
     """The corpus overview: counts, histogram, block types, extremes, over-budget atomic blocks."""
-    target = int(policy.get("target_tokens") or 512)
+    target = int(policy.get("target_tokens") or 256)
     rows: list[tuple[int, int, int]] = []  # (tokens, doc index, chunk index)
     chunk_types: Counter[str] = Counter()
     block_types: Counter[str] = Counter()

@@ -112,3 +112,22 @@ def test_evaluate_chunkers_through_the_seam(tmp_path: Path) -> None:
     assert meta["kind"] == "eval" and "what is the answer?" in page
     assert set(meta["eval"]["series"]) == {"whole", "halves"}  # a chart bar per chunker
     assert {(q["id"], q["mode"]) for q in meta["eval"]["queries"]} == {("q", "whole"), ("q", "halves")}
+
+
+def test_search_rows_name_their_settings_and_default_to_the_ingest_default() -> None:
+    """``search`` is chunkyard's index with default settings over the default policy's chunk set;
+    each ``+option`` changes one setting (the bench's rows are named by what they change)."""
+    import retrieval_variants as rv
+
+    from pipeline.models import Policy
+
+    assert f"chunkyard-{Policy().target_tokens}" == rv.DEFAULT_SET
+    assert rv.search_options("") == ({}, 0, None)
+    assert rv.search_options("merge0") == ({"expand_tokens": 0}, 0, None)
+    assert rv.search_options("merge512+rrf30+wd15@chunkyard-256") == (
+        {"expand_tokens": 512, "rrf_k": 30, "weights": (1.0, 1.5)},
+        0,
+        "chunkyard-256",
+    )
+    assert rv.search_options("expand768") == ({"expand_tokens": 0}, 768, None)
+    assert rv.search_options("merge") is None and rv.search_options("bogus12") is None
