@@ -3,7 +3,7 @@
 ``index_hash`` = ``<store kind>:`` + 16 hex of blake3 over the index's configuration —
 embedder name, dimension, normalisation, the BM25 analyzer, the chunk policies
 (``policyHash`` of the indexed chunks) — and a digest of the indexed ``(chunk_id, hash)``
-set. It is recomputed in every commit and stored in the index's meta; a citation whose
+set (a sum of per-pair hashes, updated by each run's changes). It is recomputed in every commit and stored in the index's meta; a citation whose
 ``index_hash`` differs was retrieved from another index (another model, or other chunks).
 """
 
@@ -30,12 +30,38 @@ def embedder_config(embedder: Any) -> dict[str, str]:
     }
 
 
+#: ``set_digest`` is a sum of per-pair hashes modulo 2**128: order-free, and a run updates
+#: it by the pairs it removes and adds (``digest_add`` / ``digest_remove``) instead of
+#: hashing every indexed pair again (O(changes), not O(index)).
+_MOD = 1 << 128
+
+
+def pair_term(chunk_id: str, chunk_hash: str) -> int:
+    """One ``(chunk_id, hash)`` pair's share of ``set_digest`` (128 bits of blake3)."""
+    return int.from_bytes(blake3.blake3(f"{chunk_id}\t{chunk_hash}\n".encode()).digest()[:16], "big")
+
+
 def set_digest(pairs: Iterable[tuple[str, str]]) -> str:
-    """blake3 over the sorted ``(chunk_id, hash)`` pairs: the indexed content, order-free."""
-    hasher = blake3.blake3()
-    for cid, h in sorted(pairs):
-        hasher.update(f"{cid}\t{h}\n".encode())
-    return hasher.hexdigest()[:32]
+    """The indexed ``(chunk_id, hash)`` set as 32 hex: the sum of ``pair_term`` modulo 2**128.
+
+    Equal sets give equal digests whatever the order; one changed pair changes it.
+    """
+    return digest_update("", add=pairs)
+
+
+def digest_update(
+    digest: str,
+    *,
+    add: Iterable[tuple[str, str]] = (),
+    remove: Iterable[tuple[str, str]] = (),
+) -> str:
+    """``digest`` (a ``set_digest``; ``""`` = the empty set) with pairs added and removed."""
+    total = int(digest, 16) if digest else 0
+    for cid, h in add:
+        total += pair_term(cid, h)
+    for cid, h in remove:
+        total -= pair_term(cid, h)
+    return format(total % _MOD, "032x")
 
 
 def index_hash(kind: str, meta: Mapping[str, str], policies: Iterable[str], content: str) -> str:

@@ -124,6 +124,10 @@ class LanceStore:
             for r in self._scan(self._chunks, None, _COLUMNS)
         }
 
+    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, RowState]:
+        wanted_files, wanted_ids = set(files), set(ids)
+        return {cid: s for cid, s in self.states().items() if cid in wanted_ids or s.file in wanted_files}
+
     def rows(self, chunk_ids: Collection[str]) -> dict[str, ChunkRow]:
         if not chunk_ids:
             return {}

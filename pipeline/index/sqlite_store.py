@@ -91,10 +91,15 @@ class SqliteStore:
                 " source_file TEXT NOT NULL, text TEXT NOT NULL, payload BLOB NOT NULL);"
                 "CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);"
                 "CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source_file);"
+                # an incremental run reads the rows of the touched files; the cache's pruning
+                # looks for old entries and for digests still in use: none of them a full scan
+                "CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file);"
+                "CREATE INDEX IF NOT EXISTS chunks_digest ON chunks(digest);"
                 f"CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tokenize='{FTS5_TOKENIZE}');"
                 "CREATE TABLE IF NOT EXISTS embed_cache(model TEXT NOT NULL, digest TEXT NOT NULL,"
                 " vector BLOB NOT NULL, tokens INTEGER NOT NULL, used INTEGER NOT NULL,"
                 " PRIMARY KEY(model, digest)) WITHOUT ROWID;"
+                "CREATE INDEX IF NOT EXISTS embed_cache_used ON embed_cache(used);"
             )
         except apsw.Error as exc:
             raise StoreError(f"{self.path}: cannot set up the index ({exc})") from None
@@ -111,6 +116,18 @@ class SqliteStore:
                 "SELECT chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash FROM chunks"
             )
         }
+
+    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, RowState]:
+        found: dict[str, RowState] = {}
+        for column, values in (("file", files), ("chunk_id", ids)):
+            for part in _parts(sorted(values)):
+                for cid, file, h, digest, row_digest, tokens, policy in self._conn.execute(
+                    "SELECT chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash FROM chunks "
+                    f"WHERE {column} IN ({','.join('?' * len(part))})",
+                    part,
+                ):
+                    found[cid] = RowState(file, h, digest, row_digest, int(tokens), policy)
+        return found
 
     def rows(self, chunk_ids: Collection[str]) -> dict[str, ChunkRow]:
         found: dict[str, ChunkRow] = {}

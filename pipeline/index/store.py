@@ -170,6 +170,11 @@ class VectorStore(Protocol):
         """Every stored ``chunk_id`` with what planning compares."""
         ...
 
+    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, RowState]:
+        """The stored rows kept for one of ``files`` or named in ``ids`` (an incremental run's
+        view: its cost follows the change, not the index)."""
+        ...
+
     def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
         """Vectors (and token counts) the cache holds for these digests under ``model``."""
         ...
