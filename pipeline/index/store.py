@@ -267,6 +267,11 @@ def open_at(kind: str, path: Path, *, dim: int | None = None) -> VectorStore:
     return SqliteStore(path, dim=dim)
 
 
+#: Rankers fetch this many hits beyond k and cut after ``best_first``, so that equal scores
+#: across the cut resolve by chunk id, not by the store's internal order.
+TIE_MARGIN = 16
+
+
 def best_first(hits: list[tuple[str, float]], k: int | None = None) -> list[tuple[str, float]]:
     """``(chunk_id, score)`` pairs by score desc, then chunk id asc (deterministic ties); the first ``k``."""
     hits.sort(key=lambda h: (-h[1], h[0]))
