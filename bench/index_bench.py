@@ -113,7 +113,9 @@ def run(names: list[str], scratch: Path, args: argparse.Namespace) -> dict[str, 
 
 def _pcts(ms: list[float]) -> tuple[float, float]:
     ms = sorted(ms)
-    return round(statistics.median(ms), 1), round(ms[max(0, math.ceil(0.95 * len(ms)) - 1)], 1)  # nearest rank
+    return round(statistics.median(ms), 1), round(
+        ms[max(0, math.ceil(0.95 * len(ms)) - 1)], 1
+    )  # nearest rank
 
 
 def query_latency(out: Path, questions: list[str]) -> dict[str, float]:
