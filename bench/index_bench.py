@@ -8,7 +8,7 @@
    every gold question (bench/gold, tests/gold), and the wall time of ``chunkyard search``;
 4. re-index after a one-paragraph edit: ``chunkyard ingest`` and ``chunkyard index`` as a
    user runs them (fresh processes), timed apart, several edits; then ``--reconcile``;
-5. ``watch --index``: save of a 20 KB document → its new text searchable, p50 / p95.
+5. ``watch --index``: save of a 20 KB document (71 sections) → its new text searchable, p50 / p95.
 
 ``--keep DIR`` builds the corpus copy, chunks and index in DIR and leaves them there: the
 next run re-uses them (its ingest and index find nothing to do, the embedding cache in the
@@ -208,7 +208,7 @@ def watch_latency(saves: int = 20) -> dict[str, float]:
         corpus, out = scratch / "corpus", scratch / "chunks"
         shutil.copytree(ROOT / "corpus", corpus)
         paragraph = "Words about indexing a corpus of Markdown while it is being edited. " * 4
-        body = "\n\n".join(f"## Part {i}\n\n{paragraph}" for i in range(64))
+        body = "\n\n".join(f"## Part {i}\n\n{paragraph}" for i in range(71))
         doc = corpus / "big.md"
         doc.write_text(f"# Big\n\n{body}\n", encoding="utf-8")
         cmd = [sys.executable, "-m", "pipeline", "watch", str(corpus), "--out", str(out), "--json", "--index"]
