@@ -111,7 +111,7 @@ class Searcher:
             warnings.append("empty query: nothing to search for")
         else:
             ranked = self._rank(query, mode, k, warnings)
-        rows = self.db.rows([cid for cid, *_ in ranked])
+        rows = self._payloads(ranked, k, mode)
         items = [
             self._item(rows[cid], score, features, k_pos, mode)
             for cid, score, features, k_pos in ranked
@@ -179,6 +179,21 @@ class Searcher:
                 ranks = [pair[0] for pair in (lex.get(cid), vec.get(cid)) if pair is not None]
                 out.append((cid, sum(1.0 / (RRF_K + r) for r in ranks), features, min(ranks)))
         return out
+
+    def _payloads(
+        self, ranked: list[tuple[str, float, dict[str, float | None], int]], k: int, mode: str
+    ) -> dict[str, ChunkRow]:
+        """The stored rows of the candidates that can make the first ``k``: those whose
+        ``score_norm`` reaches the k-th best (the tie-break needs their ``section_id``); the
+        others too only if some of those are gone (another run deleted them meanwhile)."""
+        if len(ranked) <= k:
+            return self.db.rows([cid for cid, *_ in ranked])
+        floor = sorted((normalize(score, mode) for _, score, _, _ in ranked), reverse=True)[k - 1]
+        first = [cid for cid, score, _, _ in ranked if normalize(score, mode) >= floor]
+        rows = self.db.rows(first)
+        if len(rows) < len(first):
+            rows = self.db.rows([cid for cid, *_ in ranked])
+        return rows
 
     @staticmethod
     def _lexical(db: VectorStore, query: str, depth: int) -> tuple[list[tuple[str, float]], bool]:
