@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -140,16 +140,16 @@ def _embed_in_a_process(tmp_path: Path, name: str, cache_dir: str) -> np.ndarray
 
 
 def test_the_cached_optimised_graph_gives_the_same_vectors_bit_for_bit(tmp_path: Path) -> None:
-    """The first process saves onnxruntime's optimised graph (with its sha256); the next ones
+    """The first process saves onnxruntime's optimised graph (with its blake3 digest); the next ones
     load it instead of optimising again and compute identical vectors; a damaged file is
-    noticed (sha256) and replaced."""
+    noticed (digest) and replaced."""
     cache = tmp_path / "cache"
     reference = _embed_in_a_process(tmp_path, "off", "")  # caching off: the pinned model, optimised in memory
     assert not cache.exists()
     first = _embed_in_a_process(tmp_path, "first", str(cache))
     (saved,) = cache.glob("*.onnx")
-    mark = saved.with_name(saved.name + ".sha256")
-    assert mark.read_text().strip() == hashlib.sha256(saved.read_bytes()).hexdigest()
+    mark = saved.with_name(saved.name + ".blake3")
+    assert mark.read_text().strip() == blake3.blake3(saved.read_bytes()).hexdigest()
     stamp = saved.stat().st_mtime_ns
     second = _embed_in_a_process(tmp_path, "second", str(cache))
     assert saved.stat().st_mtime_ns == stamp  # loaded, not written again
@@ -157,5 +157,5 @@ def test_the_cached_optimised_graph_gives_the_same_vectors_bit_for_bit(tmp_path:
     saved.write_bytes(saved.read_bytes()[:1000])  # damaged
     third = _embed_in_a_process(tmp_path, "third", str(cache))
     assert np.array_equal(reference, third)
-    assert mark.read_text().strip() == hashlib.sha256(saved.read_bytes()).hexdigest()
+    assert mark.read_text().strip() == blake3.blake3(saved.read_bytes()).hexdigest()
     assert set(cache.iterdir()) == {saved, mark}  # no temporary file left behind
