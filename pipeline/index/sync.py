@@ -35,11 +35,10 @@ from pipeline.errors import UsageError
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
-    digest_update,
     embedder_config,
     index_hash,
     rebuild_hint,
-    set_digest,
+    summarize,
 )
 from pipeline.index.store import (
     ChunkRow,
@@ -190,7 +189,15 @@ def _run(
             if old in plan.doomed and (new in written or (new in plan.states and new not in plan.doomed))
         )
         report.deleted = len(plan.doomed)
-        summary = _summary(db, stored, plan, written, embedder.max_tokens - 2)  # [CLS], [SEP]
+        summary = summarize(
+            stored,
+            plan.states if plan.full else None,
+            db.states,
+            plan.doomed,
+            plan.states,
+            written,
+            embedder.max_tokens - 2,  # [CLS], [SEP]
+        )
         report.chunks, report.truncated = summary.chunks, summary.truncated
         meta = {
             **wanted,
@@ -318,75 +325,6 @@ def _plan(out: Path, db: VectorStore, cursor: str | None, report: IndexReport, f
 
 def _state_of(row: ChunkRow) -> RowState:
     return RowState(row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash)
-
-
-@dataclass(slots=True)
-class _Summary:
-    """What ``index_hash`` and the report say about the whole index after a run.
-
-    Kept in meta (``chunks``, ``truncated``, ``policy_counts``, ``content``) so that an
-    incremental run updates it by the rows it changes instead of reading every row.
-    """
-
-    chunks: int
-    truncated: int
-    policy_counts: dict[str, int]
-    content: str  #: ``set_digest`` of the indexed (chunk_id, hash) pairs
-
-    @property
-    def policies(self) -> list[str]:
-        return sorted(p for p, n in self.policy_counts.items() if n > 0)
-
-    def meta(self) -> dict[str, str]:
-        return {
-            "chunks": str(self.chunks),
-            "truncated": str(self.truncated),
-            "policies": ",".join(self.policies),
-            "policy_counts": orjson.dumps(
-                {p: n for p, n in self.policy_counts.items() if n > 0}, option=orjson.OPT_SORT_KEYS
-            ).decode(),
-            "content": self.content,
-        }
-
-
-_SUMMARY_KEYS = ("chunks", "truncated", "policy_counts", "content")
-
-
-def _summary(
-    db: VectorStore, stored: dict[str, str], plan: _Plan, written: dict[str, RowState], window: int
-) -> _Summary:
-    """The index's summary after this run: from scratch on a full run (or an index written
-    before the summary was kept), else the stored one plus this run's changes."""
-    if plan.full or not all(stored.get(k) for k in _SUMMARY_KEYS):
-        before = plan.states if plan.full else db.states()
-        after = {cid: s for cid, s in before.items() if cid not in plan.doomed} | written
-        counts: dict[str, int] = {}
-        for s in after.values():
-            counts[s.policy_hash] = counts.get(s.policy_hash, 0) + 1
-        return _Summary(
-            chunks=len(after),
-            truncated=sum(1 for s in after.values() if s.model_tokens > window),
-            policy_counts=counts,
-            content=set_digest((c, s.hash) for c, s in after.items()),
-        )
-    summary = _Summary(
-        chunks=int(stored["chunks"]),
-        truncated=int(stored["truncated"]),
-        policy_counts={str(k): int(v) for k, v in orjson.loads(stored["policy_counts"]).items()},
-        content=stored["content"],
-    )
-    gone = [(cid, plan.states[cid]) for cid in sorted(plan.doomed | set(written)) if cid in plan.states]
-    for sign, pairs in ((-1, gone), (1, sorted(written.items()))):
-        for _cid, s in pairs:
-            summary.chunks += sign
-            summary.truncated += sign * (s.model_tokens > window)
-            summary.policy_counts[s.policy_hash] = summary.policy_counts.get(s.policy_hash, 0) + sign
-    summary.content = digest_update(
-        summary.content,
-        add=[(c, s.hash) for c, s in written.items()],
-        remove=[(c, s.hash) for c, s in gone],
-    )
-    return summary
 
 
 def _embed(
