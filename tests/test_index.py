@@ -140,6 +140,59 @@ def test_each_edit_embeds_exactly_the_texts_that_changed(kind: str, fresh: tuple
         assert report.embedded == 0 and report.added > 0
 
 
+def _meta(out: Path) -> dict[str, str]:
+    from pipeline.index.store import open_store
+
+    db = open_store(out)
+    try:
+        return db.meta()
+    finally:
+        db.close()
+
+
+def _from_scratch(out: Path, meta: dict[str, str]) -> tuple[str, str]:
+    """(content digest, index_hash) computed from the chunk files alone, as a new index would."""
+    from pipeline.index.identity import index_hash, set_digest
+
+    records = [json.loads(p.read_bytes()) for p in sorted(out.rglob("*.json")) if ".chunkyard" not in p.parts]
+    content = set_digest((r["chunk_id"], r["hash"]) for r in records)
+    policies = {str(r["metadata"].get("policyHash", "")) for r in records}
+    return content, index_hash("sqlite-vec", meta, policies, content)
+
+
+def test_an_incremental_index_hash_equals_a_from_scratch_one(fresh: tuple[Path, Path]) -> None:
+    """Each run updates the indexed set's digest by its own changes (no full read): after every
+    edit of the suite, and after an index written before the summary was kept, it equals the
+    digest computed from every chunk file."""
+    corpus, out = fresh
+    doc = corpus / "guides" / "deep-dive.md"
+    rng = random.Random(11)
+    for kind in EDITS:
+        text = doc.read_text(encoding="utf-8")
+        doc.write_text(apply_edit(text, "guides/deep-dive.md", kind, rng), encoding="utf-8")
+        run_ingest(corpus, out)
+        report = index(out)
+        assert not report.full, kind
+        meta = _meta(out)
+        assert (meta["content"], meta["index_hash"]) == _from_scratch(out, meta), kind
+        assert int(meta["chunks"]) == report.chunks == len(chunk_state(out))
+    (corpus / "windows-notes.md").unlink()
+    from pipeline.index.store import open_store
+
+    db = open_store(out)  # an index written by a chunkyard that kept no summary
+    db._conn.execute(  # type: ignore[attr-defined]
+        "DELETE FROM meta WHERE key IN ('content', 'truncated', 'policy_counts')"
+    )
+    db.close()
+    run_ingest(corpus, out)
+    report = index(out)
+    meta = _meta(out)
+    assert report.deleted > 0 and not report.full
+    assert (meta["content"], meta["index_hash"]) == _from_scratch(out, meta)
+    assert {"content", "truncated", "policy_counts"} <= set(meta)
+    assert report.truncated == int(meta["truncated"])
+
+
 def test_a_lost_cursor_reads_everything_again_and_drops_what_is_gone(
     fresh: tuple[Path, Path], tmp_path: Path
 ) -> None:

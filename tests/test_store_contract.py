@@ -139,3 +139,24 @@ def test_index_edit_reconcile_and_search_through_each_store(kind: str, tmp_path:
         record = search(out, query, k=3, mode=mode, store=spec)
         assert record["items"], (kind, query)
         assert record["index_hash"] == report.index_hash
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_equal_scores_across_the_cut_resolve_by_chunk_id(
+    kind: str, tmp_path: Path, vectors: dict[str, Any]
+) -> None:
+    """001 rule 5 inside the store: six rows with the same text and vector, written in reverse
+    id order; BM25 and dense both keep the smallest ids when k cuts through the tie."""
+    text = TEXTS["a|r=1|s=1|p=000|b=000"]
+    vector = vectors["a|r=1|s=1|p=000|b=000"]
+    ids = [f"t|r=1|s={n}|p=000|b=000" for n in range(1, 7)]
+    db = open_store(tmp_path, _path(kind, tmp_path), dim=len(vector), create=True)
+    try:
+        rows = [(_row(cid, text), vector) for cid in reversed(ids)]
+        db.commit(rows, [], {"generation": "1"}, model="m")
+        for k in (1, 2, 4):
+            assert [cid for cid, _ in db.lexical(["borrowing"], k)] == ids[:k], k
+            for _ in range(2):  # the SQLite store's first query is vec0's KNN, the next its matrix
+                assert [cid for cid, _ in db.dense(vector, k)] == ids[:k], k
+    finally:
+        db.close()

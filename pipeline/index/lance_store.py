@@ -22,7 +22,7 @@ import orjson
 
 from pipeline.errors import UsageError
 from pipeline.index.analyzer import LANCE_ANALYZER, analyze
-from pipeline.index.store import ChunkRow, RowState, StoreError, Vector, best_first
+from pipeline.index.store import TIE_MARGIN, ChunkRow, RowState, StoreError, Vector, best_first
 
 META = "meta.json"
 OPTIMIZE_EVERY = 10  #: commits between compactions
@@ -124,6 +124,10 @@ class LanceStore:
             for r in self._scan(self._chunks, None, _COLUMNS)
         }
 
+    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, RowState]:
+        wanted_files, wanted_ids = set(files), set(ids)
+        return {cid: s for cid, s in self.states().items() if cid in wanted_ids or s.file in wanted_files}
+
     def rows(self, chunk_ids: Collection[str]) -> dict[str, ChunkRow]:
         if not chunk_ids:
             return {}
@@ -152,12 +156,12 @@ class LanceStore:
         found = (
             self._chunks.search(np.asarray(vector, dtype=np.float32))
             .distance_type("cosine")
-            .limit(k)
+            .limit(k + TIE_MARGIN)
             .select(["chunk_id", "_distance"])
             .to_list()
         )
         hits = [(r["chunk_id"], 1.0 - float(r["_distance"])) for r in found]
-        return best_first(hits)
+        return best_first(hits, k)  # equal scores across the cut: the chunk id decides (001 rule 5)
 
     def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]]:
         if self._chunks is None or not terms or k <= 0:
@@ -168,12 +172,15 @@ class LanceStore:
         query = lq.BooleanQuery([(lq.Occur.SHOULD, phrase(t, "body")) for t in terms])
         try:
             found = (
-                self._chunks.search(query, query_type="fts").limit(k).select(["chunk_id", "_score"]).to_list()
+                self._chunks.search(query, query_type="fts")
+                .limit(k + TIE_MARGIN)
+                .select(["chunk_id", "_score"])
+                .to_list()
             )
         except (ValueError, RuntimeError):  # no FTS index yet (an empty table)
             return []
         hits = [(r["chunk_id"], float(r["_score"])) for r in found]
-        return best_first(hits)
+        return best_first(hits, k)
 
     def substring(self, needle: str, k: int) -> list[tuple[str, float]]:
         if not needle or k <= 0:

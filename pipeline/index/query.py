@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Self
 
@@ -80,6 +81,8 @@ class Searcher:
             raise UsageError(f"{self.db.path}: the index is empty (hint: `chunkyard index --out {out}`)")
         self._embedder = embedder
         self._store_arg = store
+        self._executor: ThreadPoolExecutor | None = None
+        self._lexical_db: VectorStore | None = None
         hint = rebuild_hint(str(out), str(store) if store else None, None)
         wanted: dict[str, str] = {"analyzer": self.db.analyzer}
         if embedder is not None and not isinstance(embedder, str):
@@ -109,6 +112,10 @@ class Searcher:
         return self._embedder
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._lexical_db is not None:
+            self._lexical_db.close()
         self.db.close()
 
     def __enter__(self) -> Self:
@@ -138,7 +145,7 @@ class Searcher:
             warnings.append("empty query: nothing to search for")
         else:
             ranked = self._rank(query, mode, pool, warnings)
-        rows = self.db.rows([cid for cid, *_ in ranked])
+        rows = self._payloads(ranked, pool, mode)
         items = [
             self._item(rows[cid], score, features, k_pos, mode)
             for cid, score, features, k_pos in ranked
@@ -244,16 +251,21 @@ class Searcher:
         depth = max(k, FUSE_DEPTH) if mode == "hybrid" else k
         bm25: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
-        if mode in ("hybrid", "bm25"):
-            bm25 = self.db.lexical(query_terms(query), depth)
-            if not bm25:
-                needle = " ".join(query.split())[:MAX_NEEDLE]
-                bm25 = self.db.substring(needle, depth)
-                if bm25:
-                    warnings.append("no BM25 term matched: chunks containing the query's text instead")
+        lexical: Future[tuple[list[tuple[str, float]], bool]] | None = None
+        by_substring = False
+        if mode == "hybrid" and self.db.kind == "sqlite-vec":
+            # BM25 on a second connection in a thread while this one embeds and runs the KNN:
+            # SQLite, onnxruntime and numpy all release the GIL, so the two overlap on 2 cores
+            lexical = self._pool().submit(self._lexical, self._second_db(), query, depth)
+        elif mode in ("hybrid", "bm25"):
+            bm25, by_substring = self._lexical(self.db, query, depth)
         if mode in ("hybrid", "dense"):
             vector = self.embedder.embed([query])[0]
             dense = self.db.dense(vector, depth)
+        if lexical is not None:
+            bm25, by_substring = lexical.result()
+        if by_substring:
+            warnings.append("no BM25 term matched: chunks containing the query's text instead")
         lex = {cid: (rank, score) for rank, (cid, score) in enumerate(bm25, 1)}
         vec = {cid: (rank, score) for rank, (cid, score) in enumerate(dense, 1)}
         out: list[tuple[str, float, dict[str, float | None], int]] = []
@@ -276,6 +288,40 @@ class Searcher:
 
     def _normalize(self, score: float, mode: str) -> float:
         return normalize(score, mode, self.rrf_k, sum(self.weights))
+
+    def _payloads(
+        self, ranked: list[tuple[str, float, dict[str, float | None], int]], k: int, mode: str
+    ) -> dict[str, ChunkRow]:
+        """The stored rows of the candidates that can make the first ``k``: those whose
+        ``score_norm`` reaches the k-th best (the tie-break needs their ``section_id``); the
+        others too only if some of those are gone (another run deleted them meanwhile)."""
+        if len(ranked) <= k:
+            return self.db.rows([cid for cid, *_ in ranked])
+        floor = sorted((self._normalize(score, mode) for _, score, _, _ in ranked), reverse=True)[k - 1]
+        first = [cid for cid, score, _, _ in ranked if self._normalize(score, mode) >= floor]
+        rows = self.db.rows(first)
+        if len(rows) < len(first):
+            rows = self.db.rows([cid for cid, *_ in ranked])
+        return rows
+
+    @staticmethod
+    def _lexical(db: VectorStore, query: str, depth: int) -> tuple[list[tuple[str, float]], bool]:
+        """BM25 hits, else chunks containing the query's text (then ``True``: say so)."""
+        hits = db.lexical(query_terms(query), depth)
+        if hits:
+            return hits, False
+        hits = db.substring(" ".join(query.split())[:MAX_NEEDLE], depth)
+        return hits, bool(hits)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunkyard-bm25")
+        return self._executor
+
+    def _second_db(self) -> VectorStore:
+        if self._lexical_db is None:
+            self._lexical_db = open_store(self.out, self._store_arg)
+        return self._lexical_db
 
     def _item(
         self, row: ChunkRow, score: float, features: Mapping[str, float | None], k_pos: int, mode: str

@@ -170,6 +170,11 @@ class VectorStore(Protocol):
         """Every stored ``chunk_id`` with what planning compares."""
         ...
 
+    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, RowState]:
+        """The stored rows kept for one of ``files`` or named in ``ids`` (an incremental run's
+        view: its cost follows the change, not the index)."""
+        ...
+
     def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
         """Vectors (and token counts) the cache holds for these digests under ``model``."""
         ...
@@ -260,6 +265,11 @@ def open_at(kind: str, path: Path, *, dim: int | None = None) -> VectorStore:
     from pipeline.index.sqlite_store import SqliteStore
 
     return SqliteStore(path, dim=dim)
+
+
+#: Rankers fetch this many hits beyond k and cut after ``best_first``, so that equal scores
+#: across the cut resolve by chunk id, not by the store's internal order.
+TIE_MARGIN = 16
 
 
 def best_first(hits: list[tuple[str, float]], k: int | None = None) -> list[tuple[str, float]]:

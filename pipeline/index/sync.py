@@ -38,7 +38,7 @@ from pipeline.index.identity import (
     embedder_config,
     index_hash,
     rebuild_hint,
-    set_digest,
+    summarize,
 )
 from pipeline.index.store import (
     ChunkRow,
@@ -177,22 +177,28 @@ def _run(
     try:
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
         report.reconcile = reconcile
-        states = db.states()
-        live, doomed, redirects = _plan(out, stored.get("cursor") or None, states, report, reconcile)
+        new_index = not stored.get("chunks") or stored.get("chunks") == "0"
+        plan = _plan(out, db, stored.get("cursor") or None, report, reconcile or new_index)
         if on_progress:
-            on_progress("plan", len(live), len(live))
-        upserts = _embed(db, embedder, live, states, report, on_progress)
-        after = {cid: s for cid, s in states.items() if cid not in doomed}
-        for row, _ in upserts:
-            after[row.chunk_id] = RowState(
-                row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash
-            )
-        report.redirected = sum(1 for old, new in redirects if old in doomed and new in after)
-        report.deleted = len(doomed)
-        report.chunks = len(after)
-        report.truncated = sum(
-            1 for s in after.values() if s.model_tokens > embedder.max_tokens - 2
-        )  # [CLS], [SEP]
+            on_progress("plan", len(plan.live), len(plan.live))
+        upserts = _embed(db, embedder, plan.live, plan.states, report, on_progress)
+        written = {row.chunk_id: _state_of(row) for row, _ in upserts}
+        report.redirected = sum(
+            1
+            for old, new in plan.redirects
+            if old in plan.doomed and (new in written or (new in plan.states and new not in plan.doomed))
+        )
+        report.deleted = len(plan.doomed)
+        summary = summarize(
+            stored,
+            plan.states if plan.full else None,
+            db.states,
+            plan.doomed,
+            plan.states,
+            written,
+            embedder.max_tokens - 2,  # [CLS], [SEP]
+        )
+        report.chunks, report.truncated = summary.chunks, summary.truncated
         meta = {
             **wanted,
             "format": FORMAT,
@@ -200,20 +206,16 @@ def _run(
             "embed_spec": spec,
             "generation": str(int(stored.get("generation", "0")) + 1),
             "cursor": report.cursor or "",
-            "chunks": str(report.chunks),
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **summary.meta(),
         }
-        policies = {s.policy_hash for s in after.values()}  #: of the chunks indexed now
-        meta["policies"] = ",".join(sorted(policies))
-        meta["index_hash"] = index_hash(
-            db.kind, meta, policies, set_digest((c, s.hash) for c, s in after.items())
-        )
+        meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
         report.index_hash = meta["index_hash"]
-        if not upserts and not doomed and report.cursor == (stored.get("cursor") or None) and stored:
+        if not upserts and not plan.doomed and report.cursor == (stored.get("cursor") or None) and stored:
             return _done(report, started)  # nothing moved: the index stays as it is, generation too
         if on_progress:
             on_progress("commit", 0, 1)
-        db.commit(upserts, doomed, meta, model=embedder.name)
+        db.commit(upserts, plan.doomed, meta, model=embedder.name)
         if on_progress:
             on_progress("commit", 1, 1)
     finally:
@@ -258,19 +260,29 @@ def _embedder(embedder: Any, stored: dict[str, str]) -> tuple[Any, str]:
     return make_embedder(spec), spec
 
 
-def _plan(
-    out: Path,
-    cursor: str | None,
-    states: dict[str, RowState],
-    report: IndexReport,
-    reconcile: bool,
-) -> tuple[dict[str, ChunkRow], set[str], list[tuple[str, str]]]:
-    """The live rows of the touched chunk files, the ids to delete, the feed's redirects."""
+@dataclass(slots=True)
+class _Plan:
+    """What one run will do: the live rows of the touched chunk files, the ids to delete,
+    the feed's redirects, and the stored state of every id it concerns (all ids on a full run)."""
+
+    live: dict[str, ChunkRow]
+    doomed: set[str]
+    redirects: list[tuple[str, str]]
+    states: dict[str, RowState]
+    full: bool
+
+
+def _plan(out: Path, db: VectorStore, cursor: str | None, report: IndexReport, full: bool) -> _Plan:
+    """Read the feed after ``cursor``, then the chunk files it touched, then the stored rows they concern.
+
+    A full run (reconcile, a new index, a lost cursor) reads every chunk file and every stored
+    row; an incremental one only the rows of the touched files and of the ids the feed names,
+    so its cost follows the change, not the size of the index.
+    """
     touched: set[str] = set()
     named: set[str] = set()  #: ids a delete line names
     redirects: list[tuple[str, str]] = []
-    full = reconcile or not states
-    report.reason = "reconcile" if reconcile else ("new index" if not states else "")
+    report.reason = "reconcile" if report.reconcile else ("new index" if full else "")
     report.cursor = cursor
     try:
         for change in read_changes(out, None if full and not cursor else cursor):
@@ -299,13 +311,20 @@ def _plan(
         if record is not None and isinstance(record.get("chunk_id"), str):
             live[record["chunk_id"]] = ChunkRow.from_record(record, file)
     if full:
+        states = db.states()
         doomed = set(states) - set(live)
     else:
+        ids = named | set(live) | {cid for pair in redirects for cid in pair}
+        states = db.states_for(touched, ids)
         doomed = {cid for cid, s in states.items() if s.file in touched and cid not in live}
         doomed |= {cid for cid in named if cid in states and cid not in live}
-    if reconcile:
+    if report.reconcile:
         report.fixed["extra"] = sorted(doomed)
-    return live, doomed, redirects
+    return _Plan(live, doomed, redirects, states, full)
+
+
+def _state_of(row: ChunkRow) -> RowState:
+    return RowState(row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash)
 
 
 def _embed(
