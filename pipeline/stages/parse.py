@@ -110,10 +110,13 @@ class Lines:
 
     @property
     def blanks(self) -> list[bool]:
-        """Whether each line is blank (index 0 is line 1), computed on first use."""
+        """Whether each line is blank (index 0 is line 1), computed on first use.
+
+        Blank as CommonMark counts it (4.9): spaces and tabs only. A line of NBSP or U+2028
+        is text there (``_visible_blanks``), so the last line of an unclosed fence, say."""
         blank = self._blank
         if blank is None:  # one pass over the text, the first time it is asked
-            blank = self._blank = [not s.strip() for s in self.text.split("\n")]
+            blank = self._blank = [not s.strip(" \t") for s in self.text.split("\n")]
         return blank
 
 
