@@ -412,6 +412,7 @@ def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
         "- a\n  > ```\n  b\n===\n",  # the fence ended with its quote: ``b`` / ``===`` in the item
         "> - \n>\n>   x\ny\n---\n",  # an item that began blank ends at the blank line
         "> a|b\n> -|-\nc\n===\n",  # a table is no paragraph: a heading after it
+        "- > - # h\n  >\n  >     b\nc\n===\n",  # ``>`` alone is blank to the item in it: ``b`` is its text
     ],
 )
 def test_lazy_lines_follow_commonmarks_container_stack(text: str) -> None:

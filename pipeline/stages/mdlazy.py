@@ -95,7 +95,6 @@ class Blocks:
     def feed(self, raw: str) -> None:
         """One line of the container's content (its own marks removed)."""
         line = raw.rstrip("\n").expandtabs(4)
-        blank = not line.strip(" \t")
         pos, matched = 0, 0
         for box in self.stack:  # 1. the open containers this line goes on with
             nxt = _nonspace(line, pos)
@@ -103,7 +102,7 @@ class Blocks:
                 if nxt - pos > 3 or line[nxt : nxt + 1] != ">":
                     break
                 pos = nxt + 1 + (line[nxt + 1 : nxt + 2] == " ")
-            elif blank:
+            elif nxt >= len(line):  # blank from here on
                 if not box.filled:  # an item that began with a blank line ends at the second
                     break
                 pos = nxt
@@ -113,6 +112,7 @@ class Blocks:
                 break
             matched += 1
         all_matched = matched == len(self.stack)
+        blank = _nonspace(line, pos) >= len(line)  # nothing left after the matched marks
         if all_matched and self._leaf_goes_on(line, pos, blank):
             return
         header, self.last = self.last, ""
@@ -130,7 +130,7 @@ class Blocks:
             para = in_paragraph and not opened  # the line would interrupt the paragraph
             tip_para = tip_paragraph and not opened
             if indented:
-                if not tip_para and not blank:
+                if not tip_para and nxt < len(line):
                     leaf = _INDENTED
                 break
             if rest[:1] == ">":
