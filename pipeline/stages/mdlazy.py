@@ -25,7 +25,7 @@ import re
 
 from mistletoe import block_token
 
-from pipeline.stages.mdblocks import FENCE_CLOSER, cells, delimiter_cells, ends_table
+from pipeline.stages.mdblocks import FENCE_CLOSER, STAND_IN, cells, delimiter_cells, ends_table
 
 _FENCE_OPENER = re.compile(r"(`{3,})(?!.*`)|(~{3,})")
 _ATX = re.compile(r"#{1,6}(?:[ \t]|$)")
@@ -34,6 +34,8 @@ _SETEXT = re.compile(r"(?:=+|-+)[ \t]*$")
 _LIST_MARK = re.compile(r"(?:([-+*])|([0-9]{1,9})[.)])(?=[ \t]|$)")
 #: What ends an HTML block of kind 1 (CommonMark 4.6): any of the four end tags.
 KIND_1_ENDS = ("</script>", "</pre>", "</style>", "</textarea>")
+
+_UNDERLINE = re.compile(r" {0,3}(?:=+|-+)[ \t]*\n?$")
 
 #: Open leaf blocks (``None``: none open, or one that ended on its own line).
 _PARAGRAPH, _INDENTED, _TABLE = "paragraph", "indented", "table"
@@ -210,3 +212,15 @@ class Blocks:
                 return blank
             return True
         return False
+
+
+def lazy_text(line: str) -> str:
+    """A lazy line as its container will read it again: paragraph text, never an underline.
+
+    The line goes on with a paragraph without its container's marks, so it cannot be that
+    paragraph's setext underline (CommonMark 4.3: the underline is no lazy line); mistletoe,
+    parsing the container's lines, would take ``===`` there for one. A stand-in after it keeps
+    it text (heading titles drop it)."""
+    if _UNDERLINE.match(line):
+        return line.rstrip("\n") + STAND_IN + line[len(line.rstrip("\n")) :]
+    return line

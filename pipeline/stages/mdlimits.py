@@ -68,7 +68,7 @@ import_mistletoe()  # before mistletoe's own import: see punctuation.py
 from mistletoe import block_token, block_tokenizer
 
 from pipeline.stages.mdblocks import LIST_MARKER, read_definitions, read_fence, read_table
-from pipeline.stages.mdlazy import KIND_1_ENDS, Blocks
+from pipeline.stages.mdlazy import KIND_1_ENDS, Blocks, lazy_text
 
 _state = threading.local()
 _installed: dict[str, Any] = {}
@@ -191,7 +191,7 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
                 break
             if not lazy.paragraph:  # CommonMark: only a paragraph goes on lazily
                 break
-            line_buffer.append(next_line)
+            line_buffer.append(lazy_text(next_line))
             lazy.lazy_line()
             next(lines)
             next_line = lines.peek()
@@ -237,18 +237,13 @@ def _read_quote(cls: Any, lines: Any) -> Any:
         elif not lazy.paragraph or LIST_MARKER.match(next_line):
             break  # a list may start here, whatever its number or content: the quote's line failed
         else:
-            line_buffer.append(next_line)
+            line_buffer.append(lazy_text(next_line))
             lazy.lazy_line()
         next(lines)
         next_line = lines.peek()
-    block_token.Paragraph.parse_setext = False
-    try:  # restored even when parsing fails, or every later document loses its setext headings
-        parse_buffer = block_tokenizer.tokenize_block(
-            line_buffer, block_token._token_types, start_line=start_line
-        )  # type: ignore[no-untyped-call]
-    finally:
-        block_token.Paragraph.parse_setext = True
-    return parse_buffer
+    # mistletoe turns setext headings off here, lest a lazy ``===`` underline the paragraph;
+    # ``lazy_text`` keeps lazy lines from being underlines, so ``> a`` / ``> ===`` is a heading
+    return block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
 
 
 _BREAKERS: dict[tuple[Any, ...], list[Any]] = {}

@@ -26,6 +26,7 @@ from mistletoe.block_token import Document
 from pipeline.errors import StageError
 from pipeline.models import Block, BlockKind, SourceDoc
 from pipeline.stages import mdlimits
+from pipeline.stages.mdblocks import STAND_IN, STAND_IN_TRIMMED, stand_in
 
 
 class HtmlBlock(block_token.HtmlBlock):
@@ -110,14 +111,16 @@ class Lines:
 
     @property
     def blanks(self) -> list[bool]:
-        """Whether each line is blank (index 0 is line 1), computed on first use.
-
-        Blank as CommonMark counts it (4.9): spaces and tabs only. A line of NBSP or U+2028
-        is text there (``_visible_blanks``), so the last line of an unclosed fence, say."""
+        """Whether each line is blank (index 0 is line 1), computed on first use."""
         blank = self._blank
         if blank is None:  # one pass over the text, the first time it is asked
-            blank = self._blank = [not s.strip(" \t") for s in self.text.split("\n")]
+            blank = self._blank = [not s.strip() for s in self.text.split("\n")]
         return blank
+
+    def literal_blank(self, line: int) -> bool:
+        """Blank as CommonMark counts it (4.9): spaces and tabs only. A fence holds a line of
+        NBSP or U+2028 as text (its last line, when it is never closed); ``blanks`` does not."""
+        return not self.text[self.start(line) : self.end(line)].strip(" \t")
 
 
 def parse(doc: SourceDoc, lines: Lines | None = None) -> tuple[Block, ...]:
@@ -166,8 +169,6 @@ def _mistletoe(body: str) -> Document:
 #: A blank other than space and tab (NBSP, U+3000, VT, FF, U+2028 ...): Python's ``str.strip``
 #: drops it, CommonMark's blank line (4.9 / 2.1) holds only spaces and tabs.
 _ODD_BLANK = re.compile(r"[^\S \t\n\r]")
-#: A Unicode noncharacter, reserved for a program's internal use: never text of a document.
-_STAND_IN = "\ufdd0"
 
 
 def _visible_blanks(line: str) -> str:
@@ -179,7 +180,7 @@ def _visible_blanks(line: str) -> str:
     """
     if line.strip() or not _ODD_BLANK.search(line):
         return line
-    return _ODD_BLANK.sub(_STAND_IN, line)
+    return _ODD_BLANK.sub(lambda blank: stand_in(blank[0]), line)
 
 
 def _leaf(self: Any, _lines: Any) -> None:
@@ -241,6 +242,10 @@ def _own_end(name: str, begin: int, limit: int, lines: Lines) -> int:
             return lines.blanks.index(True, begin, limit)
         except ValueError:
             return limit
+    if name == "CodeFence":  # its lines are literal text, Unicode blanks too
+        while limit > begin and lines.literal_blank(limit):
+            limit -= 1
+        return limit
     blanks = lines.blanks  # blanks[i]: line i + 1
     while limit > begin and blanks[limit - 1]:
         limit -= 1
@@ -282,7 +287,7 @@ def _block(tok: Any, name: str, first: int, last: int, offset: int, lines: Lines
     if kind is None:
         return None
     blanks = lines.blanks  # blanks[i]: line i + 1
-    while last > first and blanks[last - 1]:
+    while last > first and blanks[last - 1] and (name != "CodeFence" or lines.literal_blank(last)):
         last -= 1
     while first < last and blanks[first - 1]:  # mistletoe may open indented code on a blank line
         first += 1
@@ -305,7 +310,11 @@ def _block(tok: Any, name: str, first: int, last: int, offset: int, lines: Lines
 
 def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
-    raw = "".join([getattr(c, "content", "") for c in (tok.children or ())]).replace(_STAND_IN, " ")
+    raw = (
+        "".join([getattr(c, "content", "") for c in (tok.children or ())])
+        .replace(STAND_IN, " ")
+        .replace(STAND_IN_TRIMMED, " ")
+    )
     if len(raw) <= _INLINE_TITLE_CHARS and _INLINE_MARK.search(raw):
         saved = list(span_token._token_types)
         span_token.add_token(span_token.HtmlSpan)  # type: ignore[no-untyped-call] # so _plain drops tags
