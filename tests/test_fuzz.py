@@ -322,9 +322,8 @@ def test_hostile_markdown_random_phase(fuzz_seed: int) -> None:
     Batches of 25 random examples, each seeded ``fuzz_seed + batch``, until the time box
     (``CHUNKYARD_FUZZ_SECONDS``) is over. The seed is printed in pytest's header; a failure
     names its batch's seed: ``CHUNKYARD_FUZZ_SEED=<it>`` replays that batch first. CI runs it
-    after ``make test`` (``.ci/run``), not gating: it still finds about 1 input in 200 that
-    breaks the contract, all in deep quote/list nesting (the known gap of
-    ``test_a_lazy_underline_after_a_deep_quote_and_list_staircase``).
+    before ``make test`` (``.ci/run``), not gating: what it finds is a new bug, to be kept under
+    ``tests/fuzz_regressions/`` and fixed, not a reason to stop an unrelated landing.
     """
     if RANDOM_SECONDS <= 0:
         pytest.skip("the random phase runs with CHUNKYARD_FUZZ_SECONDS=<seconds> (make fuzz, .ci/run)")
