@@ -76,9 +76,13 @@ def _html_start(rest: str) -> tuple[int, tuple[str, ...] | None] | None:
 class Blocks:
     """The open containers and leaf of one container's content, line by line (see the module)."""
 
-    __slots__ = ("fence", "html_end", "last", "leaf", "stack")
+    __slots__ = ("_todo", "fence", "html_end", "last", "leaf", "stack")
 
     def __init__(self) -> None:
+        #: lines fed and not read yet (None: a lazy line): they are read only when ``paragraph``
+        #: is asked, which a container does only at a line that may be lazy. A staircase of
+        #: nested lists asks no container, and each level would read every line below it.
+        self._todo: list[str | None] = []
         self.stack: list[_Item | None] = []  #: open containers, outermost first: None is a quote
         self.leaf: str | None = None
         self.fence: tuple[str, int] | None = None  #: an open fence: its character and length
@@ -88,14 +92,23 @@ class Blocks:
     @property
     def paragraph(self) -> bool:
         """A paragraph is the innermost open block: a lazy line may go on with it."""
+        todo, self._todo = self._todo, []
+        for line in todo:
+            if line is None:
+                self.last = ""
+            else:
+                self._read(line)
         return self.leaf == _PARAGRAPH
 
     def lazy_line(self) -> None:
         """A line that went on with the paragraph without its container's marks."""
-        self.last = ""
+        self._todo.append(None)
 
-    def feed(self, raw: str) -> None:
+    def feed(self, line: str) -> None:
         """One line of the container's content (its own marks removed)."""
+        self._todo.append(line)
+
+    def _read(self, raw: str) -> None:
         line = raw.rstrip("\n").expandtabs(4)
         pos, matched = 0, 0
         for box in self.stack:  # 1. the open containers this line goes on with
