@@ -413,6 +413,7 @@ def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
         "> a|b\n> -|-\nc\n===\n",  # a table is no paragraph: a heading after it
         "- > - # h\n  >\n  >     b\nc\n===\n",  # ``>`` alone is blank to the item in it: ``b`` is its text
         "> a\n> ===\n> 2) ```\n>    ```\n",  # a setext heading in a quote: the fence after it is one
+        "> [a]: /u\nalpha\n===\n",  # a link definition is no paragraph to markdown-it: a heading
     ],
 )
 def test_lazy_lines_follow_commonmarks_container_stack(text: str) -> None:
@@ -431,6 +432,7 @@ def test_lazy_lines_follow_commonmarks_container_stack(text: str) -> None:
         "<div>\n\x0c\n# in html\n</div>\n",  # an HTML block runs on over it
         "text\n \u2028 \n---\n",
         "|a|\n|-|\n\u2028\nb\n===\n",  # it ends a table (markdown-it trims U+2028 there), then is text
+        "- \u00a0\n  > > a\n  > > ```\n  > > ```\n  > > b\n",  # a list item whose text is an NBSP
     ],
 )
 def test_a_line_of_unicode_blanks_is_text_as_in_commonmark(text: str) -> None:

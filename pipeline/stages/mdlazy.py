@@ -32,6 +32,11 @@ _ATX = re.compile(r"#{1,6}(?:[ \t]|$)")
 _THEMATIC = re.compile(r"(?:(?:\*[ \t]*){3,}|(?:-[ \t]*){3,}|(?:_[ \t]*){3,})$")
 _SETEXT = re.compile(r"(?:=+|-+)[ \t]*$")
 _LIST_MARK = re.compile(r"(?:([-+*])|([0-9]{1,9})[.)])(?=[ \t]|$)")
+#: A link reference definition on one line: label, destination, maybe a title.
+_DEFINITION = re.compile(
+    r" {0,3}\[(?:[^\]\\]|\\.)*[^\]\\ \t](?:[^\]\\]|\\.)*\]:[ \t]*(?:<[^<>\n]*>|[^\s<][^\s]*)"
+    r"""(?:[ \t]+(?:"[^"]*"|'[^']*'|\([^()]*\)))?[ \t]*$"""
+)
 #: What ends an HTML block of kind 1 (CommonMark 4.6): any of the four end tags.
 KIND_1_ENDS = ("</script>", "</pre>", "</style>", "</textarea>")
 
@@ -184,7 +189,9 @@ class Blocks:
             self.leaf = None
         self.stack += opened
         if leaf is None and self.leaf is None and line[pos:].strip(" "):
-            leaf = _PARAGRAPH  # text left after the marks: a paragraph begins
+            # text left after the marks: a paragraph begins, or a link definition that
+            # markdown-it reads as a block of its own (no paragraph for a lazy line)
+            leaf = "ended" if _DEFINITION.match(line, pos) else _PARAGRAPH
         if leaf is not None and self.stack and self.stack[-1] is not None:
             self.stack[-1].filled = True
         for box in self.stack[:-1]:

@@ -147,7 +147,7 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
     start_line = lines.line_number()
     next_line = lines.peek()
     indentation, prepend, leader, content = prev_marker if prev_marker else cls.parse_marker(line)
-    if content.strip() == "":
+    if not content.strip(" \t\n"):  # CommonMark's blank: an NBSP is text
         prepend = indentation + len(leader) + 1
         blanks = 1
         while next_line is not None and next_line.strip() == "":
