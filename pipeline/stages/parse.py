@@ -225,6 +225,11 @@ def _siblings(
     return tuple(out)
 
 
+#: Blocks that end at their last line that is not blank as CommonMark counts it (spaces and
+#: tabs): a line of NBSP can be a fence's text, and the last line of the container around it.
+_LITERAL_ENDS = frozenset({"CodeFence", "List", "ListItem", "Quote"})
+
+
 def _own_end(name: str, begin: int, limit: int, lines: Lines) -> int:
     """Last line of a block (a token of class ``name``) that starts on ``begin`` and may run
     up to ``limit``."""
@@ -242,7 +247,7 @@ def _own_end(name: str, begin: int, limit: int, lines: Lines) -> int:
             return lines.blanks.index(True, begin, limit)
         except ValueError:
             return limit
-    if name == "CodeFence":  # its lines are literal text, Unicode blanks too
+    if name in _LITERAL_ENDS:  # a fence's lines are text, Unicode blanks too, and so a container's
         while limit > begin and lines.literal_blank(limit):
             limit -= 1
         return limit
@@ -287,7 +292,7 @@ def _block(tok: Any, name: str, first: int, last: int, offset: int, lines: Lines
     if kind is None:
         return None
     blanks = lines.blanks  # blanks[i]: line i + 1
-    while last > first and blanks[last - 1] and (name != "CodeFence" or lines.literal_blank(last)):
+    while last > first and blanks[last - 1] and (name not in _LITERAL_ENDS or lines.literal_blank(last)):
         last -= 1
     while first < last and blanks[first - 1]:  # mistletoe may open indented code on a blank line
         first += 1
