@@ -322,9 +322,8 @@ def test_hostile_markdown_random_phase(fuzz_seed: int) -> None:
     Batches of 25 random examples, each seeded ``fuzz_seed + batch``, until the time box
     (``CHUNKYARD_FUZZ_SECONDS``) is over. The seed is printed in pytest's header; a failure
     names its batch's seed: ``CHUNKYARD_FUZZ_SEED=<it>`` replays that batch first. CI runs it
-    after ``make test`` (``.ci/run``), not gating: it still finds about 1 input in 200 that
-    breaks the contract, all in deep quote/list nesting (the known gap of
-    ``test_a_lazy_underline_after_a_deep_quote_and_list_staircase``).
+    before ``make test`` (``.ci/run``), not gating: what it finds is a new bug, to be kept under
+    ``tests/fuzz_regressions/`` and fixed, not a reason to stop an unrelated landing.
     """
     if RANDOM_SECONDS <= 0:
         pytest.skip("the random phase runs with CHUNKYARD_FUZZ_SECONDS=<seconds> (make fuzz, .ci/run)")
@@ -391,18 +390,56 @@ def test_a_list_item_is_no_table_header() -> None:
     assert not violations(b"- a|\n  -|\na\n=", Policy(target_tokens=16, overlap_tokens=0))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="lazy lines after a quote/list staircase: the tracker loses the nesting"
-)
+@pytest.mark.xfail(strict=True, reason="markdown-it reads a table with the header `# \\|`; GFM a heading")
+def test_an_atx_heading_is_no_table_header() -> None:
+    """Known disagreement of the checker's parser, left alone (found by the random phase, seed
+    10000000289): in ``# \\|`` / ``---`` GFM (cmark-gfm) and chunkyard read an ATX heading then
+    a thematic break (a table header is a paragraph line); markdown-it tries its table rule
+    first and finds a one-column table, so it sees no heading."""
+    assert not violations(b"# \\|\n---\n", Policy(target_tokens=16, overlap_tokens=0))
+
+
+@pytest.mark.xfail(strict=True, reason="markdown-it's `<script` takes any Unicode blank after it")
+def test_a_script_tag_then_a_line_separator_opens_no_html_block() -> None:
+    """Known disagreement of the checker's parser, left alone (found by the random phase, seeds
+    10000000514 and 10000000076): CommonMark (4.6, kind 1) opens an HTML block at ``<script``
+    followed by a space, a tab, ``>`` or the line's end; ``<script`` then U+2028 is text, and
+    ``# in script`` below a heading, as chunkyard reads it. markdown-it's pattern uses ``\\s``
+    (Unicode blanks), opens the block and swallows the heading."""
+    raw = "<script\u2028>\nlet x = 1;\n\n# in script\n".encode()
+    assert not violations(raw, Policy(target_tokens=16, overlap_tokens=0))
+
+
 def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
-    """Known gap, found by ``make fuzz`` (5,000 examples): after some forty lines of quotes and
-    list items nested in and out of each other, ``\u200c x`` / ``===`` closes the last quote's
-    paragraph lazily in CommonMark (text, no heading); ``mdlimits._Lazy`` follows only the last
-    list item it saw, loses track here and lets mistletoe end the quote, so chunkyard finds a
-    heading the checker does not. The shorter forms of the same nesting pass (see
-    ``tests/fuzz_regressions/``); a full container stack in the tracker would close it."""
+    """Found by ``make fuzz`` (5,000 examples): after some forty lines of quotes and list items
+    nested in and out of each other, ``\u200c x`` / ``===`` closes the last quote's paragraph
+    lazily in CommonMark (text, no heading). The old tracker followed only the last list item
+    it saw, lost track here and let mistletoe end the quote (a heading the checker does not
+    see); ``mdlazy.Blocks`` keeps CommonMark's container stack."""
     raw = b"1. - - alpha\n       - <div>\n\n         - alpha\n           - alpha\n   > - - > alpha\n   >     ===\n   >     > ###### alpha alpha\n   >     > \n   >     > alpha alpha alpha alpha alpha alpha alpha alpha\n   >     > alpha alpha\n   >     > &amp; alpha alpha alpha alpha alpha alpha alpha alpha \\| alpha alpha\n   >     > ===\n   >     <script>\n   >     let x = 1;\n   > \n   >     # in script\n   >     - alpha alpha\n   >       - ```\n   >           # not a heading\n   >           # not a heading\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >       > ```\n   >       > # not a heading\n   >       > alpha alpha alpha 1. alpha alpha\n   >      > ```\n   >    - - > ### alpha\n   > \n   >       > alpha alpha alpha \\|\n   >\n   >       > ### alpha\n   >     > > # alpha\n   >     > > # alpha alpha alpha alpha alpha alpha alpha &amp; 1. alpha alpha\n   >   - > - ```\n   >       alpha\n   >      # not a heading\n   >       alpha\n   >       alpha\n   >       ```\n   > > > > > # alpha\n   > 1. >>  > |alpha|\n   >    > |---|\n   >   1. - >[a]: /u\n   >    >1. >  beta\n\xe2\x80\x8c x\n===\n\t\n"
     assert not violations(raw, Policy(target_tokens=16, overlap_tokens=4))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "> <div>\nalpha\n===\n",  # an HTML block is no paragraph: the quote ends, a heading
+        "- <!-- c\nalpha\n===\n",  # the same in a list item
+        "> ```\nalpha\n===\n",  # and after a fence's first line
+        "- > a\n  > - b\n  >   c\nd\n===\n",  # lazy three deep: one paragraph, no heading
+        "> - a\n>\n> b\nc\n===\n",  # the item ended at the blank line; ``c`` goes on with ``b``
+        "- a\n  > ```\n  b\n===\n",  # the fence ended with its quote: ``b`` / ``===`` in the item
+        "> - \n>\n>   x\ny\n---\n",  # an item that began blank ends at the blank line
+        "> a|b\n> -|-\nc\n===\n",  # a table is no paragraph: a heading after it
+        "- > - # h\n  >\n  >     b\nc\n===\n",  # ``>`` alone is blank to the item in it: ``b`` is its text
+        "> a\n> ===\n> 2) ```\n>    ```\n",  # a setext heading in a quote: the fence after it is one
+        "> [a]: /u\nalpha\n===\n",  # a link definition is no paragraph to markdown-it: a heading
+    ],
+)
+def test_lazy_lines_follow_commonmarks_container_stack(text: str) -> None:
+    """CommonMark (5.1): a line without its container's marks goes on only with an open
+    paragraph, however deep; markdown-it (the checker) reads each of these so."""
+    assert not violations(text.encode(), Policy(target_tokens=16, overlap_tokens=0))
 
 
 @pytest.mark.parametrize(
@@ -414,6 +451,8 @@ def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
         "> quote\n>\u00a0\n> ===\n",  # inside a quote too
         "<div>\n\x0c\n# in html\n</div>\n",  # an HTML block runs on over it
         "text\n \u2028 \n---\n",
+        "|a|\n|-|\n\u2028\nb\n===\n",  # it ends a table (markdown-it trims U+2028 there), then is text
+        "- \u00a0\n  > > a\n  > > ```\n  > > ```\n  > > b\n",  # a list item whose text is an NBSP
     ],
 )
 def test_a_line_of_unicode_blanks_is_text_as_in_commonmark(text: str) -> None:

@@ -391,20 +391,45 @@ def test_an_allocation_failure_that_python_reports_oddly_is_still_out_of_memory(
 
 
 def test_a_queued_job_gets_its_own_full_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker holds the next job in its pipe; that job's clock starts when it starts."""
-    real = runner_mod.chunk_document
+    """A worker holds the next job in its pipe; that job's clock starts when it starts.
 
-    def slowish(raw: bytes, rel_path: str, *a: Any, **k: Any) -> Any:
-        time.sleep(1.2)
-        return real(raw, rel_path, *a, **k)
-
-    monkeypatch.setattr(runner_mod, "chunk_document", slowish)  # before the pool forks its workers
+    ``d0`` holds its write (where the guard lets it run past its deadline) until ``d1``, sent
+    into the worker's pipe right behind it, has waited there longer than a whole deadline: a
+    clock started at the send would stop ``d1`` the moment ``d0`` answers."""
+    monkeypatch.setattr(guard_mod, "WRITE_FACTOR", 10**6)  # d0's write deadline: out of reach
+    gates = _gated_writes(monkeypatch, tmp_path / "gates", {"d0.md"})
     corpus = _corpus(tmp_path / "c", {f"d{i}.md": GOOD for i in range(3)})
-    pool = GuardPool(1, 2.0, 0)  # each takes 1.2 s of its 2 s; all three are in 3.6 s
+    counter("cl100k_base")
+    pool = GuardPool(1, 2.0, 0)
+    sent: dict[str, float] = {}
+    d1_sent = threading.Event()
+    real_send = pool._send
+
+    def send(worker: Any, index: int, job: Job) -> bool:
+        ok = real_send(worker, index, job)
+        if ok:
+            sent[job.rel_path] = time.monotonic()
+            if job.rel_path == "d1.md":
+                d1_sent.set()
+        return ok
+
+    def release_d0() -> None:  # once d1's deadline, counted from its send, is over
+        try:
+            if d1_sent.wait(600):  # (a hang's safety net)
+                while (left := sent["d1.md"] + pool.timeout - time.monotonic()) >= 0:
+                    time.sleep(left + 0.01)
+        finally:
+            (gates / "d0.md.go").touch()
+
+    monkeypatch.setattr(pool, "_send", send)
+    releaser = threading.Thread(target=release_d0, daemon=True)
+    releaser.start()
     try:
         results = list(pool.run(_jobs(corpus, tmp_path / "o", ["d0.md", "d1.md", "d2.md"])))
     finally:
         pool.close()
+    releaser.join(600)
+    assert d1_sent.is_set()  # (d0 could answer only after d1 had waited out a deadline)
     assert [r.error for r in results] == [None, None, None]
 
 
@@ -785,17 +810,50 @@ def _slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float, rels: set[str]
     monkeypatch.setattr(runner_mod, "_write", slow)
 
 
+def _gated_writes(monkeypatch: pytest.MonkeyPatch, gates: Path, rels: set[str]) -> Path:
+    """Documents in ``rels`` hold their write until the file ``gates/<rel>.go`` exists: a test-only
+    stage that is as slow as the test says (patched before the pool forks)."""
+    gates.mkdir(parents=True, exist_ok=True)
+    real = runner_mod._write
+
+    def gated(job: Job, *a: Any, **k: Any) -> Any:
+        if job.rel_path in rels:
+            go = gates / f"{job.rel_path}.go"
+            while not go.exists():
+                threading.Event().wait(0.01)
+        return real(job, *a, **k)
+
+    monkeypatch.setattr(runner_mod, "_write", gated)
+    return gates
+
+
 def test_a_document_writing_its_files_gets_more_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past its deadline while writing, a worker is let finish: a kill between renames hurts."""
-    _slow_writes(monkeypatch, 1.5, {"d1.md", "d2.md"})
+    """Past its deadline while writing, a worker is let finish: a kill between renames hurts.
+
+    ``d1`` and ``d2`` hold their writes until the parent has seen their deadline pass (and
+    given them the write deadline instead): each is released by that decision, not by a clock."""
+    monkeypatch.setattr(guard_mod, "WRITE_FACTOR", 10**6)  # the write deadline: out of reach here
+    gates = _gated_writes(monkeypatch, tmp_path / "gates", {"d1.md", "d2.md"})
     corpus = _corpus(tmp_path / "c", {f"d{i}.md": GOOD for i in range(4)})
     counter("cl100k_base")
-    pool = GuardPool(1, 1.0, 0)  # 1 s per document, 10 s once it writes: 1.5 s of writing is fine
+    pool = GuardPool(1, 1.0, 0)
+    let_finish: list[str] = []  # documents the parent let write on past their deadline
+    real_poll = pool._poll
+
+    def poll(worker: Any, now: float) -> Any:
+        out = real_poll(worker, now)
+        if worker.writing and worker.queue and worker.queue[0][1].rel_path not in let_finish:
+            let_finish.append(worker.queue[0][1].rel_path)
+            (gates / f"{let_finish[-1]}.go").touch()
+        return out
+
+    monkeypatch.setattr(pool, "_poll", poll)
     try:
         results = list(pool.run(_jobs(corpus, tmp_path / "o", [f"d{i}.md" for i in range(4)])))
         assert len(pool._idle) == 1  # the same worker did them all: none was stopped
     finally:
         pool.close()
+    assert let_finish == ["d1.md", "d2.md"]
     assert [r.error for r in results] == [None] * 4
     assert all((tmp_path / "o" / f"doc_d{i}__ch0.json").exists() for i in range(4))
 

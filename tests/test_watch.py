@@ -35,6 +35,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning"
 POLICY = Policy(target_tokens=48, overlap_tokens=8)
 #: A safety net against a hang, not a speed claim: every wait returns as soon as its event shows.
 TIMEOUT = 120.0
+#: ``Run.settle``'s barrier documents start so (``changes`` leaves them out).
+BARRIER = "zz-barrier-"
 
 
 def section(title: str, words: int, seed: int) -> str:
@@ -110,6 +112,7 @@ class Run:
     def __init__(self, corpus: Path, out: Path, debounce: float = 0.05, polling: bool = False) -> None:
         self.corpus, self.out = corpus, out
         self.reports: list[SyncReport] = []
+        self.barriers = 0  #: ``settle`` calls so far
         self.lock = threading.Lock()
         options = Options(corpus, out, POLICY, jobs=1)
         self.watcher = Watcher(options, debounce=debounce, polling=polling, on_sync=self._on_sync)
@@ -119,22 +122,28 @@ class Run:
             self.reports.append(report)
 
     def changes(self) -> list[tuple[str, str]]:
+        """The documents synced after the first sync (``settle``'s barriers aside)."""
         with self.lock:
-            return [(d.path, d.status) for r in self.reports if not r.initial for d in r.docs]
+            return [
+                (d.path, d.status)
+                for r in self.reports
+                if not r.initial
+                for d in r.docs
+                if not d.path.startswith(BARRIER)
+            ]
 
-    def settle(self, quiet: float = 0.8) -> None:
-        """Wait until no report came for ``quiet`` seconds (longer than watchdog's 0.5 s move pairing)."""
-        last = (-1, time.monotonic())
+    def settle(self) -> None:
+        """Wait until every event before now is synced: an event, not a quiet spell.
 
-        def settled() -> bool:
-            nonlocal last
-            n = len(self.reports)
-            if n != last[0] or not self.watcher.idle():
-                last = (n, time.monotonic())
-                return False
-            return time.monotonic() - last[1] >= quiet
-
-        wait_until(settled, "watch to settle")
+        A barrier document is saved at the corpus root after them; one inotify descriptor
+        hands its events over in order (watchdog's move pairing delays them all alike), so
+        once the barrier is synced and nothing is pending or syncing, neither is anything
+        that came before it."""
+        self.barriers += 1
+        mark = f"Barrier {self.barriers}"
+        self.write(f"{BARRIER}{self.barriers}.md", f"# {mark}\n\nSaved after everything before it.\n")
+        self.current(f"{BARRIER}{self.barriers}.md", mark)
+        wait_until(self.watcher.idle, "watch to be idle")
 
     def write(self, rel: str, text: str | bytes) -> None:
         path = self.corpus / rel
@@ -238,8 +247,8 @@ def test_rename_document(run: Run) -> None:
     wait_until(lambda: not chunk_files(run.out, "sub/b.md"), "b.md's chunks to go")
     run.current("sub/b2.md", "Intro of B")
     assert text_of(run.out, "sub/b2.md") == old_text
-    run.settle(quiet=0.2)
-    events = feed(run.out)[before:]
+    run.settle()
+    events = [e for e in feed(run.out)[before:] if not str(e.get("source", "")).startswith(BARRIER)]
     assert {e["source"] for e in events if e["event"] == "ingest.delete"} == {"sub/b.md"}
     assert {e["source"] for e in events if e["event"] == "ingest.write"} == {"sub/b2.md"}
     renamed = [d for r in run.reports for d in r.docs if d.renamed_from]
@@ -276,9 +285,9 @@ def test_editor_temp_files_are_ignored(run: Run) -> None:
     # a barrier, not a sleep: a real document saved after them is seen, so their events were too
     run.write("barrier.md", "# Barrier\n\nSaved after the temp files.\n")
     run.current("barrier.md", "after the temp files")
-    run.settle(quiet=0.3)
-    assert {e["source"] for e in feed(run.out)[before[0] :]} == {"barrier.md"}
-    assert [d.path for r in run.reports[before[1] :] for d in r.docs] == ["barrier.md"]
+    run.settle()
+    assert {e["source"] for e in feed(run.out)[before[0] :]} == {"barrier.md", f"{BARRIER}1.md"}
+    assert run.changes() == [("barrier.md", "chunked")]
 
 
 @pytest.mark.parametrize(
@@ -324,14 +333,28 @@ def test_half_written_save_is_reported_then_retried(run: Run) -> None:
 
 
 def test_saves_are_debounced_and_coalesced(corpus: Path, tmp_path: Path) -> None:
-    r = Run(corpus, tmp_path / "chunks", debounce=0.3)
+    """Ten saves of one document while it is not quiet: no sync, then one for all of them.
+
+    The quiet period is an hour, so nothing can ripen by itself while the saves go on; a
+    save of another document after them is the sign that every event of the ten was taken
+    (one folder's events arrive in order). Then the period ends (``debounce`` 0) and one more
+    event wakes the watcher: the ten saves are synced as one."""
+    r = Run(corpus, tmp_path / "chunks", debounce=3600.0)
     with r.watcher:
         for i in range(10):
             r.write("a.md", document("A", seed=1) + f"\nKeystroke {i}.\n")
-            time.sleep(0.01)
+        r.write("zz.md", "# Sign\n\nThe saves before this one were seen.\n")
+        wait_until(lambda: "zz.md" in r.watcher.pending(), "the sign's event")
+        assert "a.md" in r.watcher.pending()
+        assert r.changes() == []  # debounced: a.md has not been quiet for the period
+        r.watcher.debounce = 0.0
+        r.write("zz.md", "# Sign\n\nSaved again: the watcher wakes.\n")
+        r.current("zz.md", "Saved again")
+        wait_until(lambda: ("a.md", "chunked") in r.changes(), "a.md to be synced")
         r.current("a.md", "Keystroke 9")
-        r.settle(quiet=0.4)
-        assert r.changes().count(("a.md", "chunked")) <= 2
+        wait_until(r.watcher.idle, "watch to be idle")
+    assert r.changes().count(("a.md", "chunked")) == 1  # coalesced: ten saves, one chunking
+    assert [d.path for d in r.reports[1].docs] == ["a.md", "zz.md"]  # in one sync
 
 
 def test_polling_observer(corpus: Path, tmp_path: Path) -> None:

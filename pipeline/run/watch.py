@@ -250,6 +250,11 @@ class Watcher:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def pending(self) -> list[str]:
+        """The paths that wait to be quiet for ``debounce`` seconds before their sync."""
+        with self._cond:
+            return sorted(rel for rel, _ in self._pending)
+
     def idle(self) -> bool:
         """Nothing pending and no sync under way (events still in the kernel aside)."""
         with self._cond:

@@ -32,6 +32,11 @@ LIST_MARKER = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[-+*])(?:[ \t]|\n|$)")
 _TRIM = (
     "\t\n\x0b\x0c\r \xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 )
+#: What mistletoe sees for a blank other than space or tab, on a line of nothing but blanks
+#: (``parse._visible_blanks``; CommonMark takes such a line for text): Unicode noncharacters,
+#: never text of a document. ``STAND_IN_TRIMMED`` stands for one markdown-it trims from a
+#: table line (that line still ends a table), ``STAND_IN`` for any other.
+STAND_IN, STAND_IN_TRIMMED = "\ufdd0", "\ufdd1"
 _MAX_AUTOCOMPLETED_CELLS = 0x10000  # markdown-it's cap on cells filled in for short rows
 
 
@@ -75,7 +80,7 @@ def delimiter_cells(row: str) -> int | None:
 
 def ends_table(line: str) -> bool:
     """A line that starts a block a table gives way to (markdown-it: blockquote's terminators)."""
-    if not line.strip(_TRIM) or indent(line) >= 4:
+    if not line.strip(_TRIM + STAND_IN_TRIMMED) or indent(line) >= 4:
         return True
     if LIST_MARKER.match(line):
         return True
@@ -170,3 +175,8 @@ def read_definitions(cls: Any, lines: Any) -> Any:
         offset = end
     cls.append_footnotes(matches, md_token._root_node)
     return matches or None
+
+
+def stand_in(blank: str) -> str:
+    """The stand-in mistletoe sees for ``blank`` (see ``STAND_IN``)."""
+    return STAND_IN_TRIMMED if blank in _TRIM else STAND_IN

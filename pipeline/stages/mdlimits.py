@@ -36,8 +36,8 @@ markdown-it (``tests/fuzz_regressions/``):
 - it lets a list item or a quote go on with any line that starts no other block
   ("lazy continuation"); CommonMark allows that only while a *paragraph* is open in
   it, so after a fence, a heading or an empty item the line ends the container (and
-  ``alpha`` / ``===`` after it is a heading). ``_Lazy`` tracks whether a paragraph
-  can still be open; where it cannot tell (deep nesting), it keeps mistletoe's reading.
+  ``alpha`` / ``===`` after it is a heading). ``mdlazy.Blocks`` follows the container's
+  nested quotes and list items as CommonMark does, and says whether a paragraph is open.
   And a line without ``>`` that starts a list ends a quote whatever the list's number
   (``0.``) or content: the rule that only ``1.`` or a non-empty item may interrupt a
   paragraph holds inside the paragraph's own container only (commonmark.js, markdown-it);
@@ -67,17 +67,8 @@ import_mistletoe()  # before mistletoe's own import: see punctuation.py
 
 from mistletoe import block_token, block_tokenizer
 
-from pipeline.stages.mdblocks import (
-    FENCE_CLOSER,
-    LIST_MARKER,
-    cells,
-    delimiter_cells,
-    ends_table,
-    indent,
-    read_definitions,
-    read_fence,
-    read_table,
-)
+from pipeline.stages.mdblocks import LIST_MARKER, read_definitions, read_fence, read_table
+from pipeline.stages.mdlazy import KIND_1_ENDS, Blocks, lazy_text
 
 _state = threading.local()
 _installed: dict[str, Any] = {}
@@ -118,110 +109,6 @@ def install(max_depth: int) -> None:
     block_token.ListItem.continuation_pattern = re.compile(r"([ \t]*)([^ \t\n].*\n|\n)")
 
 
-_CONTAINER_MARKS = re.compile(r"(?:[ ]{0,3}(?:>[ ]?|(?:[-+*]|[0-9]{1,9}[.)])(?:[ \t]+|(?=\n)|$)))*")
-_MARK = re.compile(r">|[-+*](?=[ \t\n]|$)|[0-9]{1,9}[.)]")
-_FENCE_OPENER = re.compile(r" {0,3}(`{3,}(?!.*`)|~{3,})")
-_ATX = re.compile(r" {0,3}#{1,6}(?:[ \t]|\n|$)")
-_BREAK = re.compile(r" {0,3}(?:(?:\*[ \t]*){3,}|(?:-[ \t]*){3,}|(?:_[ \t]*){3,}|=+[ \t]*)\n?$")
-
-
-def _last_item(prefix: str) -> tuple[int, int] | None:
-    """The last list mark in a line's container marks: the quotes before it, and the column
-    its content starts at (after the mark and its blanks; a nested mark may follow there)."""
-    found = None
-    for mark in _MARK.finditer(prefix):
-        if mark[0] != ">":
-            col = mark.end()
-            while col < len(prefix) and prefix[col] == " ":
-                col += 1
-            found = (prefix.count(">", 0, mark.start()), col)
-    return found
-
-
-class _Lazy:
-    """Whether a paragraph may still be open in a container, line by line (for lazy lines).
-
-    Lines are fed as the container holds them (its own marks removed); nested quote and
-    list marks are skipped, and a line inside the last nested list item seen loses that
-    item's indent. False only where it is sure: nothing yet, a blank line, an open (or just
-    closed) fence, a table, a heading, a thematic break or setext underline, indented code.
-    Where it cannot tell (nesting it does not follow), it says True: mistletoe's reading.
-    """
-
-    __slots__ = ("fence", "item_col", "item_depth", "last", "paragraph", "table")
-
-    def __init__(self) -> None:
-        #: an open fence: its character, length, the quotes around it, and the column its
-        #: nested list item's content starts at (lines indented less have left that item)
-        self.fence: tuple[str, int, int, int | None] | None = None
-        self.paragraph = False
-        self.table = False
-        self.item_depth: int | None = None  # quotes around the last nested list mark seen
-        self.item_col = 0  # the column that item's content starts at
-        self.last = ""  # the previous line, when it was paragraph text (a table header?)
-
-    def lazy_line(self) -> None:
-        """A line that goes on with the paragraph without its container's marks: text, no more."""
-        self.last = ""
-
-    def feed(self, line: str) -> None:
-        marks = _CONTAINER_MARKS.match(line).end()  # type: ignore[union-attr]
-        prefix, inner = line[:marks].expandtabs(4), line[marks:]
-        item = _last_item(prefix)
-        # directly in a list item (not in a quote inside it): indents count from its content
-        in_item = prefix.rstrip()[-1:] not in ("", ">")
-        if item is None and self.item_depth == prefix.count(">") and inner.strip():
-            need = self.item_col - len(prefix)
-            if 0 < need <= indent(inner):  # inside the last list item: its indent, then its marks
-                inner = inner.expandtabs(4)
-                more = _CONTAINER_MARKS.match(inner, need).end()  # type: ignore[union-attr]
-                prefix, inner = prefix + inner[:more], inner[more:]
-                item = _last_item(prefix)
-                in_item = more == need or prefix.rstrip()[-1:] != ">"
-        if item is not None:
-            self.item_depth, self.item_col = item
-        quotes = prefix.count(">")
-        column = len(prefix) + indent(inner)  # where this line's content starts
-        # an indent counts from the innermost container this line is known to be in
-        code_indent = in_item or self.item_depth is None or quotes > self.item_depth
-        header, self.last = self.last, ""
-        if self.table and not ends_table(inner):
-            self.paragraph = False
-            return
-        self.table = False
-        if header and "|" in header and delimiter_cells(inner) == cells(header):
-            self.table = True
-            self.paragraph = False
-            return
-        if self.fence is not None:
-            char, length, around, fence_col = self.fence
-            left = quotes < around or (fence_col is not None and bool(inner.strip()) and column < fence_col)
-            if not left:
-                closer = FENCE_CLOSER.fullmatch(inner)
-                if closer and closer[1][0] == char and len(closer[1]) >= length:
-                    self.fence = None
-                self.paragraph = False
-                return
-            self.fence = None  # its container ended, and the fence with it: a line like any other
-        if not inner.strip():
-            self.paragraph = False
-            return
-        opener = _FENCE_OPENER.match(inner)
-        if opener:
-            self.fence = (opener[1][0], len(opener[1]), quotes, self.item_col if in_item else None)
-            self.paragraph = False
-        elif _ATX.match(inner) or _BREAK.match(inner):
-            self.paragraph = False
-        elif not self.paragraph and code_indent and indent(inner) >= 4:
-            self.paragraph = False  # indented code
-        else:
-            self.paragraph = True
-            self.last = inner
-
-
-_KIND_1_ENDS = ("</script>", "</pre>", "</style>", "</textarea>")
-
-
 def _indented_by_blanks(start: Any) -> Any:
     """A ``start`` that sees a block only after spaces and tabs: mistletoe's ``lstrip()`` also
     skips a form feed or an NBSP, where CommonMark sees text (an HTML block, a definition)."""
@@ -236,7 +123,7 @@ def _indented_by_blanks(start: Any) -> Any:
 def _read_html(cls: Any, lines: Any) -> Any:
     """``HtmlBlock.read``: a kind 1 block (``<script>``, ``<pre>``…) ends at any of the four end tags."""
     end = cls._end_cond
-    ends = _KIND_1_ENDS if end in _KIND_1_ENDS else (end,) if end is not None else None
+    ends = KIND_1_ENDS if end in KIND_1_ENDS else (end,) if end is not None else None
     line_buffer = []
     for line in lines:
         line_buffer.append(line)
@@ -255,12 +142,12 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
     """mistletoe 1.x's ``ListItem.read``; a lazy line only goes on while a paragraph may be open."""
     next_marker = None
     line_buffer: list[str] = []
-    lazy = _Lazy()
+    lazy = Blocks()
     line = next(lines)
     start_line = lines.line_number()
     next_line = lines.peek()
     indentation, prepend, leader, content = prev_marker if prev_marker else cls.parse_marker(line)
-    if content.strip() == "":
+    if not content.strip(" \t\n"):  # CommonMark's blank: an NBSP is text
         prepend = indentation + len(leader) + 1
         blanks = 1
         while next_line is not None and next_line.strip() == "":
@@ -304,7 +191,7 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
                 break
             if not lazy.paragraph:  # CommonMark: only a paragraph goes on lazily
                 break
-            line_buffer.append(next_line)
+            line_buffer.append(lazy_text(next_line))
             lazy.lazy_line()
             next(lines)
             next_line = lines.peek()
@@ -327,7 +214,7 @@ def _read_quote(cls: Any, lines: Any) -> Any:
     if len(line) > 0 and line[0] == " ":
         line = line[1:]
     line_buffer = [line]
-    lazy = _Lazy()
+    lazy = Blocks()
     lazy.feed(line)
     start_line = lines.line_number()
     next_line = lines.peek()
@@ -350,18 +237,13 @@ def _read_quote(cls: Any, lines: Any) -> Any:
         elif not lazy.paragraph or LIST_MARKER.match(next_line):
             break  # a list may start here, whatever its number or content: the quote's line failed
         else:
-            line_buffer.append(next_line)
+            line_buffer.append(lazy_text(next_line))
             lazy.lazy_line()
         next(lines)
         next_line = lines.peek()
-    block_token.Paragraph.parse_setext = False
-    try:  # restored even when parsing fails, or every later document loses its setext headings
-        parse_buffer = block_tokenizer.tokenize_block(
-            line_buffer, block_token._token_types, start_line=start_line
-        )  # type: ignore[no-untyped-call]
-    finally:
-        block_token.Paragraph.parse_setext = True
-    return parse_buffer
+    # mistletoe turns setext headings off here, lest a lazy ``===`` underline the paragraph;
+    # ``lazy_text`` keeps lazy lines from being underlines, so ``> a`` / ``> ===`` is a heading
+    return block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
 
 
 _BREAKERS: dict[tuple[Any, ...], list[Any]] = {}

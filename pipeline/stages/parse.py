@@ -26,6 +26,7 @@ from mistletoe.block_token import Document
 from pipeline.errors import StageError
 from pipeline.models import Block, BlockKind, SourceDoc
 from pipeline.stages import mdlimits
+from pipeline.stages.mdblocks import STAND_IN, STAND_IN_TRIMMED, stand_in
 
 
 class HtmlBlock(block_token.HtmlBlock):
@@ -116,6 +117,11 @@ class Lines:
             blank = self._blank = [not s.strip() for s in self.text.split("\n")]
         return blank
 
+    def literal_blank(self, line: int) -> bool:
+        """Blank as CommonMark counts it (4.9): spaces and tabs only. A fence holds a line of
+        NBSP or U+2028 as text (its last line, when it is never closed); ``blanks`` does not."""
+        return not self.text[self.start(line) : self.end(line)].strip(" \t")
+
 
 def parse(doc: SourceDoc, lines: Lines | None = None) -> tuple[Block, ...]:
     """Top-level blocks of the body (front matter excluded), in document order.
@@ -163,8 +169,6 @@ def _mistletoe(body: str) -> Document:
 #: A blank other than space and tab (NBSP, U+3000, VT, FF, U+2028 ...): Python's ``str.strip``
 #: drops it, CommonMark's blank line (4.9 / 2.1) holds only spaces and tabs.
 _ODD_BLANK = re.compile(r"[^\S \t\n\r]")
-#: A Unicode noncharacter, reserved for a program's internal use: never text of a document.
-_STAND_IN = "\ufdd0"
 
 
 def _visible_blanks(line: str) -> str:
@@ -176,7 +180,7 @@ def _visible_blanks(line: str) -> str:
     """
     if line.strip() or not _ODD_BLANK.search(line):
         return line
-    return _ODD_BLANK.sub(_STAND_IN, line)
+    return _ODD_BLANK.sub(lambda blank: stand_in(blank[0]), line)
 
 
 def _leaf(self: Any, _lines: Any) -> None:
@@ -221,6 +225,11 @@ def _siblings(
     return tuple(out)
 
 
+#: Blocks that end at their last line that is not blank as CommonMark counts it (spaces and
+#: tabs): a line of NBSP can be a fence's text, and the last line of the container around it.
+_LITERAL_ENDS = frozenset({"CodeFence", "List", "ListItem", "Quote"})
+
+
 def _own_end(name: str, begin: int, limit: int, lines: Lines) -> int:
     """Last line of a block (a token of class ``name``) that starts on ``begin`` and may run
     up to ``limit``."""
@@ -238,6 +247,10 @@ def _own_end(name: str, begin: int, limit: int, lines: Lines) -> int:
             return lines.blanks.index(True, begin, limit)
         except ValueError:
             return limit
+    if name in _LITERAL_ENDS:  # a fence's lines are text, Unicode blanks too, and so a container's
+        while limit > begin and lines.literal_blank(limit):
+            limit -= 1
+        return limit
     blanks = lines.blanks  # blanks[i]: line i + 1
     while limit > begin and blanks[limit - 1]:
         limit -= 1
@@ -279,7 +292,7 @@ def _block(tok: Any, name: str, first: int, last: int, offset: int, lines: Lines
     if kind is None:
         return None
     blanks = lines.blanks  # blanks[i]: line i + 1
-    while last > first and blanks[last - 1]:
+    while last > first and blanks[last - 1] and (name not in _LITERAL_ENDS or lines.literal_blank(last)):
         last -= 1
     while first < last and blanks[first - 1]:  # mistletoe may open indented code on a blank line
         first += 1
@@ -302,7 +315,11 @@ def _block(tok: Any, name: str, first: int, last: int, offset: int, lines: Lines
 
 def heading_title(tok: Any) -> str:
     """Heading text without Markdown syntax: inline markup parsed, then its text kept."""
-    raw = "".join([getattr(c, "content", "") for c in (tok.children or ())]).replace(_STAND_IN, " ")
+    raw = (
+        "".join([getattr(c, "content", "") for c in (tok.children or ())])
+        .replace(STAND_IN, " ")
+        .replace(STAND_IN_TRIMMED, " ")
+    )
     if len(raw) <= _INLINE_TITLE_CHARS and _INLINE_MARK.search(raw):
         saved = list(span_token._token_types)
         span_token.add_token(span_token.HtmlSpan)  # type: ignore[no-untyped-call] # so _plain drops tags

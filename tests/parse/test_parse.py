@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import outline
 import pytest
+from conftest import CHECKER, load_checker
 
 from pipeline.models import Block, SourceDoc
 from pipeline.stages.normalize import normalize
@@ -81,16 +83,23 @@ def test_top_level_blocks_cover_every_non_blank_char(case: Path) -> None:
     assert lost == []
 
 
+@pytest.fixture(scope="module")
+def independent() -> Any:
+    """The checker (``../shared/tools/check_chunks.py``), or where ../shared is absent
+    ``tests/outline.py``: the same parser (markdown-it-py) behind the same ``Outline``."""
+    return load_checker() if CHECKER.exists() else outline
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
-def test_headings_agree_with_markdown_it(case: Path, checker) -> None:
+def test_headings_agree_with_markdown_it(case: Path, independent: Any) -> None:
     """The independent parser finds the same document-level headings, at the same offsets."""
     doc = doc_of(case)
     ours = [(b.start, b.level) for b in parse(doc) if b.kind == "heading"]
-    assert ours == checker.Outline(doc.text).headings
+    assert ours == independent.Outline(doc.text).headings
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda p: p.stem)
-def test_fences_and_tables_agree_with_markdown_it(case: Path, checker) -> None:
+def test_fences_and_tables_agree_with_markdown_it(case: Path, independent: Any) -> None:
     """Every fenced code block markdown-it sees lies inside one block of ours, whole; every
     table starts where one of ours does. (Table ends may differ: GFM lets a pipe-less line
     right after a table continue it as a row, mistletoe ends the table there; see tables.md.)
@@ -98,7 +107,7 @@ def test_fences_and_tables_agree_with_markdown_it(case: Path, checker) -> None:
     doc = doc_of(case)
     blocks = parse(doc)
     table_starts = {b.start for b in blocks if b.kind == "table"}
-    for kind, start, end in checker.Outline(doc.text).atomic:
+    for kind, start, end in independent.Outline(doc.text).atomic:
         if end <= start:
             continue
         if kind == "table":
