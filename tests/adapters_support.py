@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,6 @@ from pipeline.models import Policy
 
 #: The change feed is the one with sequence numbers in the state database (SPEC §10),
 #: not the JSON-lines file: tests that edit the file itself do not apply.
-SEQ_FEED = importlib.util.find_spec("pipeline.run.feed") is not None
 
 #: Small enough that every section makes several chunks: an edit inside one paragraph
 #: must then re-embed one chunk, not the document.

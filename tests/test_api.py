@@ -16,7 +16,7 @@ import pipeline
 from pipeline.adapters.changes import CursorLostError
 from pipeline.errors import StageError, UsageError
 from pipeline.models import Policy
-from tests.adapters_support import POLICY, SEQ_FEED, chunk_state, document, make_corpus, run_ingest
+from tests.adapters_support import POLICY, chunk_state, document, make_corpus, run_ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "corpus"
@@ -130,29 +130,9 @@ def test_read_changes_refuses_cursors_it_never_gave(tmp_path: Path) -> None:
     run_ingest(corpus, out)
     with pytest.raises(UsageError, match="cursor"):
         list(pipeline.read_changes(out, after="42"))
-    other = "bytes:120" if SEQ_FEED else "seq:3"  # a cursor of the feed's other form
+    other = "bytes:120"  # a cursor of the old JSON-lines feed's form
     with pytest.raises(CursorLostError):
         list(pipeline.read_changes(out, after=other))
-
-
-@pytest.mark.skipif(SEQ_FEED, reason="the feed is in the state database: no JSON-lines file")
-def test_read_changes_leaves_a_line_being_written_and_notices_a_cut_feed(tmp_path: Path) -> None:
-    corpus = make_corpus(tmp_path, ("one",))
-    out = tmp_path / "chunks"
-    run_ingest(corpus, out)
-    changes = list(pipeline.read_changes(out))
-    feed = out / ".chunkyard" / "changes.jsonl"
-    assert [c.chunk_id for c in changes] == [
-        json.loads(line)["chunk_id"] for line in feed.read_bytes().splitlines()
-    ]
-    with feed.open("ab") as fh:
-        fh.write(b'{"event": "ingest.write", "chunk_id": "half')  # a run is appending it
-    assert list(pipeline.read_changes(out)) == changes
-    offset = int(changes[0].cursor.split(":")[1])
-    with pytest.raises(CursorLostError, match="replaced"):
-        list(pipeline.read_changes(out, after=f"bytes:{offset - 3}"))
-    with pytest.raises(CursorLostError, match="replaced"):
-        list(pipeline.read_changes(out, after=f"bytes:{feed.stat().st_size + 100}"))
 
 
 def test_importing_pipeline_or_the_cli_loads_no_framework() -> None:
