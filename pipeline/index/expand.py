@@ -203,8 +203,13 @@ class ChunkFiles:
     hits reads a few dozen small files, not the folder.
     """
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, ids: Mapping[str, str] | None = None) -> None:
+        """``ids`` (a record ``id`` → its ``chunk_id``, for the chunks a search ranked): when
+        given, a neighbour is resolved from it without reading its file, and a neighbour not
+        in it is none (only ranked neighbours can join a passage then: 42k-chunk searches
+        read ~380 chunk files a query without it, ~140 with it)."""
         self.out = out
+        self.ids = ids
         self.paths: dict[str, Path] = {}
         self.spans: dict[str, ChunkSpan | None] = {}
 
@@ -220,6 +225,8 @@ class ChunkFiles:
         return rec
 
     def _neighbour(self, path: Path, link: Any) -> str | None:
+        if self.ids is not None:
+            return self.ids.get(str(link)) if link else None
         found = _CHUNK_NUMBER.search(str(link or ""))
         if found is None:
             return None

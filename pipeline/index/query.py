@@ -154,7 +154,7 @@ class Searcher:
         items.sort(key=lambda it: (-it["score_norm"], it["section_id"], it["snippet_id"]))
         items = items[:pool]
         if budget:
-            items = self._merge(items, budget, warnings)
+            items = self._merge(items, budget, warnings, {row.id: cid for cid, row in rows.items()})
         items = items[:k]
         for final, item in enumerate(items, 1):
             item["k_final"] = final
@@ -201,13 +201,15 @@ class Searcher:
         text: str | None = self._sources[rel]
         return text
 
-    def _merge(self, items: list[dict[str, Any]], budget: int, warnings: list[str]) -> list[dict[str, Any]]:
+    def _merge(
+        self, items: list[dict[str, Any]], budget: int, warnings: list[str], ids: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
         """``items`` (best first) merged into passages (``pipeline.index.expand``, ranked neighbours only).
 
         A hit whose source no longer holds its text at its offsets (edited since ingest, or
         gone) is kept as a chunk, with a warning: a passage is read from the source.
         """
-        files = ChunkFiles(self.out)
+        files = ChunkFiles(self.out, ids)  # ids: a ranked neighbour's chunk id without its file
         stale: set[str] = set()
         for item in items:
             files.remember(item["chunk_id"], item["chunk_file"])
