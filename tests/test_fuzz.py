@@ -434,6 +434,10 @@ def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
         "- > - # h\n  >\n  >     b\nc\n===\n",  # ``>`` alone is blank to the item in it: ``b`` is its text
         "> a\n> ===\n> 2) ```\n>    ```\n",  # a setext heading in a quote: the fence after it is one
         "> [a]: /u\nalpha\n===\n",  # a link definition is no paragraph to markdown-it: a heading
+        # a lazy line is no table header: ``---`` does not go on with the item, so it ends it
+        # (a thematic break), and ``alpha`` / ``===`` is a heading (random phase, seed 96826833)
+        "\ufeffalpha\n1. alpha\n\\|\n---\nalpha\n===\n",
+        "> alpha\n\\|\n---\nalpha\n===\n",  # the same after a quote
     ],
 )
 def test_lazy_lines_follow_commonmarks_container_stack(text: str) -> None:
