@@ -40,7 +40,9 @@ markdown-it (``tests/fuzz_regressions/``):
   nested quotes and list items as CommonMark does, and says whether a paragraph is open.
   And a line without ``>`` that starts a list ends a quote whatever the list's number
   (``0.``) or content: the rule that only ``1.`` or a non-empty item may interrupt a
-  paragraph holds inside the paragraph's own container only (commonmark.js, markdown-it);
+  paragraph holds inside the paragraph's own container only (commonmark.js, markdown-it).
+  Nor does a lazy line end the container as a table header when the delimiter row under
+  it does not go on with the container (``_interrupts``: GFM reads no table there);
 - it ends an HTML block opened by ``<script>``, ``<pre>``, ``<style>`` or ``<textarea>``
   only at its own closing tag; CommonMark (4.6, kind 1) ends it at a line with any of
   the four, so a ``<script>`` block closed by ``</pre>`` swallowed the rest;
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.stages.punctuation import import_mistletoe
@@ -176,7 +179,9 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
             break
         continuation = cls.parse_continuation(next_line, prepend)
         if not continuation:
-            if any(token_type.check_interrupts_paragraph(lines) for token_type in breaking_tokens):
+            if _interrupts(
+                breaking_tokens, lines, lazy, lambda row: bool(cls.parse_continuation(row, prepend))
+            ):
                 if newline_count:
                     lines.backstep()
                     del line_buffer[-newline_count:]
@@ -226,7 +231,7 @@ def _read_quote(cls: Any, lines: Any) -> Any:
     while (
         next_line is not None
         and next_line.strip() != ""
-        and not any(token_type.check_interrupts_paragraph(lines) for token_type in breaking_tokens)
+        and not _interrupts(breaking_tokens, lines, lazy, _quoted)
     ):
         stripped = cls.convert_leading_tabs(next_line.lstrip())
         if stripped[0] == ">":
@@ -244,6 +249,32 @@ def _read_quote(cls: Any, lines: Any) -> Any:
     # mistletoe turns setext headings off here, lest a lazy ``===`` underline the paragraph;
     # ``lazy_text`` keeps lazy lines from being underlines, so ``> a`` / ``> ===`` is a heading
     return block_tokenizer.tokenize_block(line_buffer, block_token._token_types, start_line=start_line)  # type: ignore[no-untyped-call]
+
+
+def _quoted(row: str) -> bool:
+    """A line that goes on with a quote by its mark (as ``_read_quote`` tells one)."""
+    return row.lstrip()[:1] == ">"
+
+
+def _interrupts(breaking_tokens: list[Any], lines: Any, lazy: Blocks, goes_on: Callable[[str], bool]) -> bool:
+    """Whether the next line, which may end the container, starts a block that interrupts it.
+
+    A table is no such block when its header row would be a lazy line of the container's
+    paragraph and its delimiter row does not go on with the container either: GFM
+    (cmark-gfm) opens a table only on a delimiter row whose open block is a paragraph, and
+    that delimiter row ends the container (CommonMark 5.1: only paragraph text is lazy),
+    so the header stays paragraph text (markdown-it agrees: its delimiter row must be
+    indented into the container). ``1. a`` / ``\\|`` / ``---``: a list, then a thematic break.
+    """
+    for token_type in breaking_tokens:
+        if not token_type.check_interrupts_paragraph(lines):
+            continue
+        if token_type is block_token.Table:
+            src, at = lines.lines, lines._index + 1  # the header row; the delimiter row after it
+            if not goes_on(src[at]) and at + 1 < len(src) and not goes_on(src[at + 1]) and lazy.paragraph:
+                continue
+        return True
+    return False
 
 
 _BREAKERS: dict[tuple[Any, ...], list[Any]] = {}
