@@ -205,3 +205,22 @@ def test_a_source_edited_since_ingest_is_not_merged(indexed, tmp_path: Path) -> 
     stale = [i for i in after["items"] if i["file"] == target]
     assert stale and all(i["chunk_ids"] == [i["chunk_id"]] for i in stale)
     VALIDATOR.validate(after)
+
+
+def test_a_searcher_kept_open_sees_a_source_edited_after_its_first_query(indexed, tmp_path: Path) -> None:
+    """The source texts a searcher keeps between queries follow the files: the same searcher
+    that merged a document's hits before the edit does not merge them after it."""
+    from pipeline.index.query import Searcher
+
+    corpus, _ = indexed
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus.parent, copy, symlinks=True)
+    with Searcher(copy / "chunks", corpus=copy / "corpus") as searcher:
+        before = searcher.record(QUERIES[0], 20, "bm25")
+        target = next(i["file"] for i in before["items"] if len(i["chunk_ids"]) > 1)
+        path = copy / "corpus" / target
+        path.write_text("# Replaced\n\nNothing of the old text.\n" + path.read_text(encoding="utf-8"), encoding="utf-8")
+        after = searcher.record(QUERIES[0], 20, "bm25")
+    assert not any(target in w for w in before["warnings"])
+    assert any(target in w and "not merged" in w for w in after["warnings"])
+    assert all(i["chunk_ids"] == [i["chunk_id"]] for i in after["items"] if i["file"] == target)

@@ -72,7 +72,8 @@ class Searcher:
         self.weights = weights
         """Hybrid fusion: ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)`` (the bench tunes them)."""
         self._corpus = corpus
-        self._sources: Any = None
+        self._store: Any = False  # the chunk folder's store, opened on the first passage
+        self._texts: dict[str, tuple[tuple[int, int] | None, str | None]] = {}
         self._counter: Callable[[str], int] | None = None
         self.db: VectorStore = open_store(self.out, store)
         self.meta = self.db.meta()
@@ -181,25 +182,35 @@ class Searcher:
 
     def _chunk_store(self) -> Any:
         """The chunk folder's store (``pipeline.audit.store``), opened once; ``None`` when it cannot be."""
-        if self._sources is None:
+        if self._store is False:
             from pipeline.audit.store import open_store
 
             try:
-                self._sources = {"": open_store(self.out, self._corpus)}
+                self._store = open_store(self.out, self._corpus)
             except PipelineError:
-                self._sources = {"": None}
-        return self._sources[""]
+                self._store = None
+        return self._store
 
     def _source_text(self, rel: str) -> str | None:
-        """The current canonical text of the source ``rel`` (``None`` when it cannot be read)."""
+        """The current canonical text of the source ``rel`` (``None`` when it cannot be read).
+
+        Kept across queries while the file's (mtime, size) stay the same: a long-lived
+        searcher (eval, a bench) normalizes each source once, and never merges from a copy
+        older than the file."""
         store = self._chunk_store()
         if store is None:
             return None
-        if rel not in self._sources:
-            doc = store.source(rel)
-            self._sources[rel] = doc.text if doc is not None else None
-        text: str | None = self._sources[rel]
-        return text
+        try:
+            st = (store.corpus / rel).stat()
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+        kept = self._texts.get(rel)
+        if kept is None or kept[0] != stamp or stamp is None:
+            doc = store.source(rel) if stamp is not None else None
+            kept = (stamp, doc.text if doc is not None else None)
+            self._texts[rel] = kept
+        return kept[1]
 
     def _merge(
         self, items: list[dict[str, Any]], budget: int, warnings: list[str], ids: Mapping[str, str]
