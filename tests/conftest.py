@@ -114,6 +114,17 @@ def stable_bytes(data: bytes) -> bytes:
     return _VOLATILE.sub(rb"\1null", data)
 
 
+def chunk_files(root: Path) -> dict[str, bytes]:
+    """Every output file below ``root`` but the state folder, as stable bytes (two outputs compare equal)."""
+    out = {}
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".chunkyard"]
+        for name in names:
+            path = Path(folder, name)
+            out[path.relative_to(root).as_posix()] = stable_bytes(path.read_bytes())
+    return out
+
+
 def dump_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
 

@@ -7,13 +7,12 @@ document's files, ids, hashes and tokens, and the change feeds on what moved.
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SAMPLE_CORPUS, stable_bytes
+from conftest import SAMPLE_CORPUS, chunk_files
 
 from pipeline.models import Policy
 from pipeline.run.db import dump_state
@@ -29,16 +28,6 @@ def run(corpus: Path, out: Path, jobs: int, policy: Policy | None = None) -> dic
     summary = ingest(Options(corpus=corpus, out=out, jobs=jobs, full=True, policy=policy or Policy()))
     assert not summary.failures, summary.failures
     return summary.as_dict()
-
-
-def chunk_files(root: Path) -> dict[str, bytes]:
-    out = {}
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d != ".chunkyard"]
-        for name in names:
-            path = Path(folder, name)
-            out[path.relative_to(root).as_posix()] = stable_bytes(path.read_bytes())
-    return out
 
 
 def manifest_docs(root: Path) -> dict[str, dict[str, Any]]:

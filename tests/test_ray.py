@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import stable_bytes
+from conftest import chunk_files
 from ray_support import BIN, FENCES, LoopbackCluster, skip_without_namespaces
 from test_docs import ROOT, blocks
 
@@ -57,16 +57,6 @@ def cluster() -> Iterator[LoopbackCluster]:
 
 
 # -- what two outputs must share ------------------------------------------------------------
-
-
-def chunk_files(root: Path) -> dict[str, bytes]:
-    out = {}
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d != ".chunkyard"]
-        for name in names:
-            path = Path(folder, name)
-            out[path.relative_to(root).as_posix()] = stable_bytes(path.read_bytes())
-    return out
 
 
 def manifest_docs(root: Path) -> dict[str, Any]:
