@@ -196,6 +196,21 @@ def test_every_command_has_a_help_text() -> None:
                 assert (param.help or "").strip(), f"{name} {param.opts} has no help"
 
 
+def test_brackets_in_help_texts_are_shown_not_read_as_markup() -> None:
+    """``--help`` goes through rich markup: an unescaped ``chunkyard[ray]`` loses its ``[ray]``."""
+    import re
+
+    group = typer.main.get_command(app)
+    checked = 0
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        shown = " ".join(runner.invoke(app, [name, "--help"], terminal_width=400).stdout.split())
+        for param in command.params:
+            for bracketed in re.findall(r"\w+\\?\[\w+\]", param.help or ""):
+                checked += 1
+                assert bracketed.replace("\\", "") in shown, f"{name} {param.opts}: {bracketed} not shown"
+    assert checked, "no help text names an extra: nothing was checked"
+
+
 def test_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0

@@ -48,7 +48,7 @@ ExecutorOpt = Annotated[
     typer.Option(
         "--executor",
         metavar="local|ray",
-        help="Who chunks: the local process pool, or tasks on a Ray cluster (pip install 'chunkyard[ray]').",
+        help="Who chunks: the local process pool, or tasks on a Ray cluster (pip install 'chunkyard\\[ray]').",
     ),
 ]
 AddressOpt = Annotated[
