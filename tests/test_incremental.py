@@ -457,7 +457,9 @@ def test_missing_files_and_folders_deep_in_the_output_are_put_back(built: tuple[
     assert set(chunk_files(out)) == set(before)
 
 
-def test_a_no_change_run_reads_no_chunk_lists(built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_no_change_run_reads_no_chunk_lists(
+    built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Cost follows the change (SPEC §10): with nothing changed, a run stats documents and
     output folders, and never asks the state for a document's chunk lists."""
     corpus, out = built
@@ -474,6 +476,78 @@ def test_a_no_change_run_reads_no_chunk_lists(built: tuple[Path, Path], monkeypa
     assert run(corpus, out).written == 1
 
 
+def test_a_folder_whose_listing_matches_its_signature_is_not_read_row_by_row(
+    built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cost follows the change (SPEC §10): a whole-corpus run reads the rows of the folders whose
+    documents moved, not every document's: the others' listings match their signatures."""
+    corpus, out = built
+    read: list[str] = []
+    rows = StateDB.folder_stamps
+
+    def counted(db: StateDB, folder: str, *a: Any) -> Any:
+        read.append(folder)
+        return rows(db, folder, *a)
+
+    monkeypatch.setattr(StateDB, "folder_stamps", counted)
+    summary = run(corpus, out)
+    assert (summary.documents, summary.skipped, summary.processed, read) == (5, 5, 0, [])
+    text = (corpus / "sub" / "notes.md").read_text()
+    (corpus / "sub" / "notes.md").write_text(text + "\nA paragraph added at the end.\n")
+    summary = run(corpus, out)
+    assert (summary.documents, summary.skipped, summary.processed) == (5, 4, 1)
+    assert read and set(read) == {"sub/"}, read  # the edited document's folder, nothing else
+    (corpus / "sub" / "deeper" / "faq.md").unlink()  # a folder left with no document
+    read.clear()
+    summary = run(corpus, out)
+    assert "sub/deeper/faq.md" not in manifest(out)["docs"] and summary.removed > 0
+    assert "" not in read, read  # the root's signature still holds
+
+
+def test_a_document_restored_with_its_old_size_and_mtime_after_a_save_is_chunked_again(
+    built: tuple[Path, Path],
+) -> None:
+    """A save synced alone (``--changed``, ``watch``) drops its folder's signature: restoring the
+    old bytes with their old mtime (``cp -p`` of a backup) then differs from the state, not from
+    the signature, and the next whole-corpus run must see it."""
+    corpus, out = built
+    path = corpus / "other.md"
+    old, st = path.read_bytes(), path.stat()
+    path.write_bytes(old.replace(b"some length", b"some other length"))
+    assert ingest(Options(corpus=corpus, out=out, policy=POLICY, jobs=1), changed=["other.md"]).processed == 1
+    path.write_bytes(old)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    summary = run(corpus, out)
+    assert summary.processed == 1
+    texts = [
+        orjson.loads((out / f).read_bytes())["originalText"]
+        for f in manifest(out)["docs"]["other.md"]["files"]
+    ]
+    assert not any("some other length" in t for t in texts)
+
+
+def test_every_write_to_a_documents_row_drops_its_folders_signature(built: tuple[Path, Path]) -> None:
+    """A signature vouches for a folder only while no row of it changed outside the walk that made it."""
+    _, out = built
+    db = StateDB(db_path(out / STATE_DIR))
+    try:
+        signed = db.signatures()
+        assert set(signed) == {"", "sub/", "sub/deeper/"}  # every folder with a document
+        entry = db.entry("sub/notes.md")
+        assert entry is not None
+        for folder, write in (
+            ("sub/", lambda: db.put_doc("sub/notes.md", entry, 1)),
+            ("sub/deeper/", lambda: db.touch_doc("sub/deeper/faq.md", 1)),
+            ("", lambda: db.drop_doc("other.md")),
+        ):
+            with db.transaction():
+                db.sign(signed)
+                write()
+            assert set(db.signatures()) == set(signed) - {folder}, folder
+    finally:
+        db.close()
+
+
 def test_a_doc_uid_collision_widens_r_with_a_warning_then_fails_past_12(tmp_path: Path) -> None:
     """Two documents with one ``doc_id`` and one outline: the second gets 12-hex ``r=`` (000)."""
     corpus, out = tmp_path / "corpus", tmp_path / "out"
@@ -487,7 +561,9 @@ def test_a_doc_uid_collision_widens_r_with_a_warning_then_fails_past_12(tmp_path
         "b.md: mint: doc_uid|r collides with a.md; r= widened to 12 hex"
     ]
     docs = manifest(out)["docs"]
-    assert len(docs["a.md"]["uid_rev"].split("r=")[1]) == 8 and len(docs["b.md"]["uid_rev"].split("r=")[1]) == 12
+    assert (
+        len(docs["a.md"]["uid_rev"].split("r=")[1]) == 8 and len(docs["b.md"]["uid_rev"].split("r=")[1]) == 12
+    )
     assert docs["b.md"]["rev_width"] == 12
     again = run(corpus, out)  # stable: nothing to widen again
     assert (again.processed, again.failures, again.warnings) == (0, [], [])
@@ -506,7 +582,10 @@ def test_a_collision_is_widened_by_the_run_after_one_that_died_before_it(
         raise KeyboardInterrupt  # stands for SIGKILL: both documents recorded, the collision not seen
 
     monkeypatch.setattr(Session, "_widen_collisions", die)
-    with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, policy=POLICY, jobs=1)) as s:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        Session(Options(corpus=corpus, out=out, policy=POLICY, jobs=1)) as s,
+    ):
         s.sync()
     monkeypatch.undo()
     summary = run(corpus, out)

@@ -15,6 +15,10 @@ One SQLite file (stdlib ``sqlite3``, WAL) holds what ``manifest.json``, ``redire
 - ``feed``: the change feed, one row per line with its sequence number (``feed.py``);
 - ``folders``: an output folder's mtime when it was last listed and found whole, so a
   no-change run stats a folder instead of listing it;
+- ``srcdirs``: a corpus folder's signature (its documents' names, sizes and mtimes, the
+  policy and version) when every document in it was last found recorded and current, so a
+  whole-corpus run compares a folder's listing with one value instead of reading each of
+  its documents' rows; any write to a document's row drops its folder's signature;
 - ``meta``: the header (format, version, policy, corpus), the generation, counters.
 
 Each document is recorded in one transaction (its rows, its feed lines, its redirects, its
@@ -61,11 +65,18 @@ CREATE TABLE IF NOT EXISTS redirects(old TEXT PRIMARY KEY, new TEXT NOT NULL) WI
 CREATE INDEX IF NOT EXISTS redirects_new ON redirects(new);
 CREATE TABLE IF NOT EXISTS inflight(rel TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS folders(folder TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS srcdirs(folder TEXT PRIMARY KEY, sig BLOB NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS docs_folder ON docs(rtrim(rel, replace(rel, '/', '')));
 CREATE TABLE IF NOT EXISTS feed(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, kind TEXT NOT NULL,
     text INTEGER NOT NULL, line BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS feed_key ON feed(key, seq);
 """
+
+#: A document's folder as SQL (``a/b/`` of ``a/b/c.md``, ``""`` at the root): the indexed
+#: expression ``docs_folder``, so a folder's rows are an index lookup, not a prefix range
+#: that would hold its subfolders' documents too.
+FOLDER_OF = "rtrim(rel, replace(rel, '/', ''))"
 
 #: The per-document lists kept in ``entries`` (index-aligned with ``files``).
 LISTS = ("files", "ids", "chunk_ids", "hashes", "digests", "embeds")
@@ -271,6 +282,7 @@ class StateDB:
     def put_doc(self, rel: str, entry: dict[str, Any], gen: int) -> None:
         """Replace a document's rows (inside a transaction)."""
         old = self.conn.execute("SELECT nfiles, tokens FROM docs WHERE rel=?", (rel,)).fetchone()
+        self._unsign(rel)
         files = entry["files"]
         name = rel.rsplit(".", 1)[0]
         self.conn.execute(
@@ -302,12 +314,14 @@ class StateDB:
 
     def touch_doc(self, rel: str, mtime_ns: int) -> None:
         """A document hashed and found unchanged: only its mtime moves."""
+        self._unsign(rel)
         self.conn.execute("UPDATE docs SET mtime_ns=? WHERE rel=?", (mtime_ns, rel))
 
     def drop_doc(self, rel: str) -> None:
         old = self.conn.execute("SELECT nfiles, tokens FROM docs WHERE rel=?", (rel,)).fetchone()
         if old is None:
             return
+        self._unsign(rel)
         for table in ("docs", "entries", "chunks"):
             self.conn.execute(f"DELETE FROM {table} WHERE rel=?", (rel,))
         self.add_meta("chunks", -old[0])
@@ -414,6 +428,31 @@ class StateDB:
 
     def forget_folders(self, folders: Iterable[str]) -> None:
         self.conn.executemany("DELETE FROM folders WHERE folder=?", [(f,) for f in folders])
+
+    # -- corpus folders ----------------------------------------------------------------
+
+    def signatures(self) -> dict[str, bytes]:
+        """Every corpus folder's recorded signature (a row per folder, not per document)."""
+        return dict(self.conn.execute("SELECT folder, sig FROM srcdirs").fetchall())
+
+    def sign(self, signatures: dict[str, bytes]) -> None:
+        self.conn.executemany("INSERT OR REPLACE INTO srcdirs VALUES(?, ?)", list(signatures.items()))
+
+    def _unsign(self, rel: str) -> None:
+        """A document's row changes: its folder's signature no longer vouches for it."""
+        self.conn.execute("DELETE FROM srcdirs WHERE folder=?", (rel[: rel.rfind("/") + 1],))
+
+    def doc_folders(self) -> set[str]:
+        """The folders (``a/b/``, ``""``) that hold a recorded document: one pass over an index."""
+        return {f for (f,) in self.conn.execute(f"SELECT DISTINCT {FOLDER_OF} FROM docs")}
+
+    def folder_stamps(self, folder: str, policy_hash: str, version: str) -> dict[str, tuple[int, int, bool]]:
+        """The documents directly in ``folder``: ``rel`` → (size, mtime, made under this policy and version)."""
+        rows = self.conn.execute(
+            f"SELECT rel, size, mtime_ns, policy_hash=? AND version=? FROM docs WHERE {FOLDER_OF}=?",
+            (policy_hash, version, folder),
+        )
+        return {rel: (size, mtime, bool(current)) for rel, size, mtime, current in rows}
 
 
 def now_epoch() -> float:

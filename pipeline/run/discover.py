@@ -46,6 +46,7 @@ def discover(
     unreadable: list[str] | None = None,
     stat: bool = False,
     on_found: Callable[[Found], bool] | None = None,
+    on_folder: Callable[[str, list[Found]], bool] | None = None,
 ) -> tuple[list[Found], list[str]]:
     """Every document under ``root``, sorted by relative path, and the folders it could not read.
 
@@ -63,6 +64,10 @@ def discover(
         on_found: called with each document as the walk finds it (walk order, before
             the sort), so a caller can act on the first changed one before the walk ends;
             once it returns True it is not called again.
+        on_folder: called once per listed folder with its prefix (``a/b/``, ``""`` at the
+            root) and the documents directly in it (in no order; ``on_found`` is not called
+            for them); those it returns False for are left out of the result (the caller
+            has dealt with them as a whole).
     """
     problems: list[str] = []
     root = root.resolve()
@@ -86,61 +91,72 @@ def discover(
         if key in seen_dirs:
             return  # a symlink loop, or a folder reached twice
         seen_dirs.add(key)
-        try:
-            with os.scandir(folder) as listing:
+        fd = -1
+        try:  # listed by descriptor: each entry's stat is then an fstatat, no path to resolve
+            fd = os.open(folder, _DIR_FLAGS)
+            with os.scandir(fd) as listing:
                 entries = list(listing)  # in no order: the documents are sorted once, at the end
         except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
             problems.append(
                 f"{rel or '.'}/: read: cannot list folder ({exc.strerror}) (hint: make it readable)"
             )
             if unreadable is not None:
                 unreadable.append(rel)
             return
-        prefix = f"{rel}/" if rel else ""
-        subfolders: list[tuple[str, str, tuple[int, int] | None]] = []
-        bad_names: list[str] = []
-        for entry in entries:
-            name = entry.name
-            try:
-                is_dir = entry.is_dir()  # follows symlinks; the type comes with the listing
-                if not is_dir and not (name.endswith(".md") and len(name) > 3) and not is_document(name):
-                    continue  # neither a folder nor a document: nothing to say about it
-                is_file = not is_dir and entry.is_file()
-            except OSError:
-                continue
-            rel_path = prefix + name
-            if not (name.isascii() or _utf8(name)):
-                if (is_dir and name not in SKIP_DIRS) or is_file:
-                    shown = os.fsencode(rel_path).decode("utf-8", "backslashreplace")
-                    bad_names.append(
-                        f"{shown}: read: the name is not valid UTF-8, skipped (hint: rename it to UTF-8)"
-                    )
-                continue
-            if is_dir:
-                if name in SKIP_DIRS or (exclude and excluded(rel_path, exclude)):
-                    continue
+        base = folder.rstrip("/")  # the root may be "/"
+        try:
+            prefix = f"{rel}/" if rel else ""
+            here: list[Found] = found if on_folder is None else []
+            subfolders: list[tuple[str, str, tuple[int, int] | None]] = []
+            bad_names: list[str] = []
+            for entry in entries:
+                name = entry.name
                 try:
-                    sub = entry.stat()
+                    is_dir = entry.is_dir()  # follows symlinks; the type comes with the listing
+                    if not is_dir and not (name.endswith(".md") and len(name) > 3) and not is_document(name):
+                        continue  # neither a folder nor a document: nothing to say about it
+                    is_file = not is_dir and entry.is_file()
                 except OSError:
                     continue
-                sub_key = (sub.st_dev, sub.st_ino)
-                if sub_key == out_key:
+                rel_path = prefix + name
+                if not (name.isascii() or _utf8(name)):
+                    if (is_dir and name not in SKIP_DIRS) or is_file:
+                        shown = os.fsencode(rel_path).decode("utf-8", "backslashreplace")
+                        bad_names.append(
+                            f"{shown}: read: the name is not valid UTF-8, skipped (hint: rename it to UTF-8)"
+                        )
                     continue
-                subfolders.append((entry.path, rel_path, sub_key))
-            elif is_file and not (exclude and excluded(rel_path, exclude)):
-                try:
-                    got = entry.stat() if stat else None
-                except OSError:  # the run reads it, and says why it cannot
-                    got = None
-                doc = (
-                    Found(entry.path, rel_path)
-                    if got is None
-                    else Found(entry.path, rel_path, got.st_size, got.st_mtime_ns)
-                )
-                found.append(doc)
-                if tell is not None and tell(doc):
-                    tell = None  # it has heard enough
-        problems.extend(sorted(bad_names))
+                if is_dir:
+                    if name in SKIP_DIRS or (exclude and excluded(rel_path, exclude)):
+                        continue
+                    try:
+                        sub = entry.stat()
+                    except OSError:
+                        continue
+                    sub_key = (sub.st_dev, sub.st_ino)
+                    if sub_key == out_key:
+                        continue
+                    subfolders.append((f"{base}/{name}", rel_path, sub_key))
+                elif is_file and not (exclude and excluded(rel_path, exclude)):
+                    try:
+                        got = entry.stat() if stat else None
+                    except OSError:  # the run reads it, and says why it cannot
+                        got = None
+                    doc = (
+                        Found(f"{base}/{name}", rel_path)
+                        if got is None
+                        else Found(f"{base}/{name}", rel_path, got.st_size, got.st_mtime_ns)
+                    )
+                    here.append(doc)
+                    if tell is not None and on_folder is None and tell(doc):
+                        tell = None  # it has heard enough
+            problems.extend(sorted(bad_names))
+        finally:
+            os.close(fd)
+        if on_folder is not None and on_folder(prefix, here):
+            found.extend(here)
         # depth first, in name order, as a recursion would: of two ways into one folder
         # (symlinks), the first by name is the one its documents are found under
         subfolders.sort(key=_REL, reverse=True)
@@ -154,6 +170,7 @@ def discover(
 
 
 _REL = itemgetter(1)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
 def _rel(found: Found) -> str:

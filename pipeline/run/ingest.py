@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -183,6 +184,101 @@ class _Folders:
         return names
 
 
+class _Scan:
+    """A whole-corpus sync's view of the walk, folder by folder (``discover``'s ``on_folder``).
+
+    A folder whose documents (names, sizes, mtimes) are those its recorded signature was made
+    from, under this policy and version, and whose output folder is known whole, is done with
+    as a whole: its documents are counted, not looked up one by one. Any other folder is
+    *listed*: its documents' rows are read (one indexed query) and compared one by one, and
+    the first that looks changed forks a worker (``Session._warm``). So a run's cost is a
+    ``stat`` per document plus work per folder, and per document only in folders that moved.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session, self.db = session, session.db
+        self.p_hash, self.version = session.p_hash, __version__
+        self.recorded = {} if session.opts.full else self.db.signatures()
+        self.out_folders = _Folders(session.opts.out, self.db, self.db.folder_mtimes())
+        self.recovering = {rel[: rel.rfind("/") + 1] for rel in session.recovering}
+        self.stamps: dict[str, tuple[int, int]] = {}  #: rel → (size, mtime) in listed folders
+        self.outdated: set[str] = set()  #: rows of listed folders made under another policy or version
+        self.listed: dict[str, list[Found]] = {}
+        self.sigs: dict[str, bytes] = {}
+        self.walked: set[str] = set()
+        self.skipped = 0
+        self.warm = session.one_shot and session._guarded()
+
+    def signature(self, docs: list[Found]) -> bytes:
+        # (rel_path, size, mtime_ns) in the order the folder listed them: unsorted, because a
+        # listing in another order only costs that folder a look row by row, never a wrong skip
+        listing = [f[1:] for f in docs]
+        return xxhash.xxh3_128_digest(marshal.dumps((self.p_hash, self.version, listing)))
+
+    def folder(self, prefix: str, docs: list[Found]) -> bool:
+        """Whether the walk should keep ``docs`` (a listed folder) or drop them (done with)."""
+        if not docs:  # its recorded documents, if any, are gone (``gone_folders``)
+            return False
+        self.walked.add(prefix)
+        sig = self.sigs[prefix] = self.signature(docs)
+        if self.recorded.get(prefix) == sig and prefix not in self.recovering:
+            out, folder = self.out_folders, prefix[:-1]
+            if folder not in out.listings:
+                out.listings[folder] = out.listing(folder)
+            if out.listings[folder] is None:
+                self.skipped += len(docs)
+                return False
+        for rel, (size, mtime, current) in self.db.folder_stamps(prefix, self.p_hash, self.version).items():
+            self.stamps[rel] = (size, mtime)
+            if not current:
+                self.outdated.add(rel)
+        self.listed[prefix] = docs
+        if self.warm and any(self._looks_changed(f) for f in docs):
+            self.warm = False  # one worker is all this is for
+            self.session._warm()
+        return True
+
+    def _looks_changed(self, f: Found) -> bool:
+        """A guess from the stat alone (the sync decides for real): a no-change run forks nothing."""
+        rel = f.rel_path
+        return (
+            self.session.opts.full
+            or rel in self.outdated
+            or rel in self.session.recovering
+            or self.stamps.get(rel) != (f.size, f.mtime_ns)
+        )
+
+    def hidden(self, blind: list[str]) -> set[str]:
+        """Recorded documents under folders the walk could not list: unknown, not deleted."""
+        rels: set[str] = set()
+        for b in blind:
+            rels.update(self.db.rels_under(b + "/") if b else self.db.rels())
+        return rels
+
+    def gone_folders(self, blind: list[str]) -> set[str]:
+        """Recorded documents of folders the walk did not find a document in (and could list)."""
+        rels: set[str] = set()
+        for folder in self.db.doc_folders() - self.walked:
+            if not any(not b or folder.startswith(b + "/") for b in blind):
+                rels.update(self.db.folder_stamps(folder, self.p_hash, self.version))
+        return rels
+
+    def signatures(self, recovering: set[str]) -> dict[str, bytes]:
+        """The listed folders to sign now: every document recorded as the walk saw it, under
+        this policy and version, none left to recover, none with an mtime too recent to trust."""
+        limit = time.time_ns() - int(_RACY_SECONDS * 1e9)
+        signed: dict[str, bytes] = {}
+        for prefix, docs in self.listed.items():
+            if any(f.size < 0 or f.mtime_ns >= limit or f.rel_path in recovering for f in docs):
+                continue
+            rows = self.db.folder_stamps(prefix, self.p_hash, self.version)
+            if len(rows) == len(docs) and all(
+                (row := rows.get(f.rel_path)) is not None and row == (f.size, f.mtime_ns, True) for f in docs
+            ):
+                signed[prefix] = self.sigs[prefix]
+        return signed
+
+
 def _drop_name_clashes(
     found: list[Found], taken: Callable[[str], str | None], summary: Summary
 ) -> list[Found]:
@@ -356,27 +452,6 @@ class Session:
             return self._pool.run(jobs)
         return _results(jobs, opts.jobs)
 
-    def _on_found(
-        self, stamps: dict[str, tuple[int, int]], outdated: set[str]
-    ) -> Callable[[Found], bool] | None:
-        """What the walk calls per document: the first that looks changed starts a worker (``_warm``).
-
-        A guess from the stat alone (the sync decides for real after the walk): a
-        no-change run forks nothing.
-        """
-        if not (self.one_shot and self._guarded()):
-            return None
-        full, recovering = self.opts.full, self.recovering
-
-        def seen(f: Found) -> bool:
-            rel = f.rel_path
-            if full or rel in recovering or rel in outdated or stamps.get(rel) != (f.size, f.mtime_ns):
-                self._warm()
-                return True  # one worker is all this is for
-            return False
-
-        return seen
-
     def _guarded(self) -> bool:
         """Documents go to the local guard pool (not Ray, and a limit is on)."""
         opts = self.opts
@@ -474,25 +549,19 @@ class Session:
         started = time.perf_counter()
         since = float(db.meta("written_at_epoch") or 0.0)
         if paths is None:
-            stamps = db.sizes_mtimes()  # two integers per document, never the chunk lists
-            outdated = db.outdated(self.p_hash, __version__)
-            early = self._on_found(stamps, outdated)
+            scan = _Scan(self)
             blind: list[str] = []  # folders it could not list: their documents keep their chunks
             found, problems = discover(
-                opts.corpus, opts.out, opts.exclude, unreadable=blind, stat=True, on_found=early
+                opts.corpus, opts.out, opts.exclude, unreadable=blind, stat=True, on_folder=scan.folder
             )
             summary.failures.extend(problems)
-            hidden = (
-                {rel for rel in stamps if any(not b or rel.startswith(b + "/") for b in blind)}
-                if blind
-                else set()
-            )
+            stamps, outdated, folders = scan.stamps, scan.outdated, scan.out_folders
+            hidden = scan.hidden(blind)
             held = {rel.rsplit(".", 1)[0]: rel for rel in hidden}
             if held or len({f.rel_path.rsplit(".", 1)[0] for f in found}) < len(found):
                 found = _drop_name_clashes(found, held.get, summary)
             present = {f.rel_path for f in found}
-            gone = sorted(stamps.keys() - present - hidden)
-            folders = _Folders(opts.out, db, db.folder_mtimes())
+            gone = sorted((stamps.keys() - present - hidden) | scan.gone_folders(blind))
         else:
             wanted = sorted(set(paths))
             found = [f for f in (find_one(opts.corpus, rel, opts.out, opts.exclude) for rel in wanted) if f]
@@ -513,6 +582,9 @@ class Session:
             gone = sorted(rel for rel in wanted if rel in stamps and rel not in present)
             folders = _Folders(opts.out, db, None)
         summary.documents = len(found)
+        if paths is None:  # the documents of folders whose signature held were not listed one by one
+            summary.documents += scan.skipped
+            summary.skipped += scan.skipped
         processed_at = now_iso()
         empty_out, self._empty_out = self._empty_out, False  # true for the first sync at most
         jobs: list[Job] = []
@@ -596,9 +668,11 @@ class Session:
         self.recovering = (self.recovering - touched) | run.unsafe
         sweep_was = self.sweep_due
         self.sweep_due = (self.sweep_due and not sweep_now) or run.left
+        signed = scan.signatures(self.recovering) if paths is None else {}
         with suppress(Exception):  # harmless if it fails: the next run re-checks what this one touched
-            if touched or sweep_now or sweep_was != self.sweep_due or folders.seen:
+            if touched or sweep_now or sweep_was != self.sweep_due or folders.seen or signed:
                 with db.transaction():
+                    db.sign(signed)  # after this sync's last write to a document's row
                     db.set_inflight(self.recovering, sweep=self.sweep_due)
                     db.set_meta(written_at=now_iso(), made_since=0)
                     db.set_folder_mtimes({f: m for f, m in folders.seen.items() if f not in run.recorded})
@@ -645,6 +719,10 @@ class Session:
                 first = owners[0][0]
                 if not paths:
                     paths.update((f.rel_path, f) for f in found)
+                if rel not in paths and (
+                    one := find_one(self.opts.corpus, rel, self.opts.out, self.opts.exclude)
+                ):
+                    paths[rel] = one  # a document of a folder the walk did not list one by one
                 if width >= 12 or rel not in paths:
                     summary.failures.append(
                         f"{rel}: mint: chunk ids collide with {first} "
