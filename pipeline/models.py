@@ -32,6 +32,9 @@ ChunkType = Literal[
     "mixed",
 ]
 
+#: Files larger than this are refused (``--max-bytes``).
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+
 #: Block kinds that are never split (SPEC §4 rules 2, 3, 5).
 ATOMIC_KINDS = frozenset({"code", "html", "formula", "image"})
 

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-)
 
 from pipeline.errors import PipelineError
 from pipeline.models import Policy
 from pipeline.stages.tokens import TOKENIZERS
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 app = typer.Typer(
     name="chunkyard",
@@ -118,14 +113,17 @@ def usage_error(exc: PipelineError, json_out: bool) -> typer.Exit:
     return typer.Exit(2)
 
 
-def bar_progress(show: bool, *extra: ProgressColumn) -> Progress:
+def bar_progress(show: bool, *extra: str) -> Progress:
     """The long-run progress bar on stderr (``description  ━━━━  n/total  [extra]  eta``),
-    gone when done; ``show`` off (``--quiet``, ``--json``, not a terminal) disables it."""
+    gone when done; ``show`` off (``--quiet``, ``--json``, not a terminal) disables it.
+    ``extra``: format strings of more text columns (``"{task.fields[doc]}"``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        *extra,
+        *(TextColumn(text) for text in extra),
         TimeRemainingColumn(),
         console=err,
         transient=True,

@@ -15,7 +15,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.cli.base import AuditCorpusOpt, JsonOpt, QuietOpt, err, out_console, usage_error
 from pipeline.errors import PipelineError, UsageError
@@ -182,6 +181,8 @@ def _exports(result: Any, out: Path, beir: Path | None, trec: Path | None, html:
 
 def render_pack(pack: Mapping[str, Any], console: Console) -> None:
     """The pack as a table: one row per mode (percent), then per question when it has them."""
+    from rich.table import Table
+
     table = Table(title=f"{pack['dataset']}: {pack['questions']} questions", title_justify="left")
     table.add_column("mode")
     for name in (*COLUMNS, "citation_match"):

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import orjson
 import typer
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from pipeline.cli.base import JsonOpt, QuietOpt, WaitOpt, bar_progress, err, out_console, usage_error
@@ -91,6 +90,8 @@ def index_cmd(
         return
     if quiet:
         return
+    from rich.table import Table
+
     table = Table(title="chunkyard index", title_justify="left", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("count", justify="right")
@@ -177,6 +178,8 @@ def search_cmd(
                 f"{item['file']}:{item['lineSpan']['lineStart']}\t{item['snippet_id']}", markup=False
             )
         return
+    from rich.table import Table
+
     table = Table(title=f"chunkyard search ({mode}, index {record['index_hash']})", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("score", justify="right")

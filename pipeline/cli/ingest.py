@@ -9,8 +9,6 @@ from typing import Annotated
 
 import orjson
 import typer
-from rich.progress import TextColumn
-from rich.table import Table
 
 from pipeline.cli.base import (
     CorpusArg,
@@ -38,9 +36,9 @@ from pipeline.cli.base import (
     usage_error,
 )
 from pipeline.errors import PipelineError
+from pipeline.models import DEFAULT_MAX_BYTES
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.ingest import Options, Summary, corpus_relative, ingest
-from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
 EXECUTORS = ("local", "ray")
 ExecutorOpt = Annotated[
@@ -127,7 +125,7 @@ def ingest_cmd(
         batch=batch,
     )
     show = not quiet and not json_out and err.is_terminal
-    progress = bar_progress(show, TextColumn("{task.fields[doc]}"))
+    progress = bar_progress(show, "{task.fields[doc]}")
     task = progress.add_task("chunking", total=None, doc="")
 
     def waiting(holder: str) -> None:
@@ -168,6 +166,8 @@ def report(summary: Summary, *, quiet: bool, json_out: bool) -> None:
         err.print(f"[red]failed:[/] {failure}", highlight=False, soft_wrap=True)
     if quiet:
         return
+    from rich.table import Table
+
     table = Table(title="chunkyard ingest", show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(justify="right")

@@ -51,12 +51,13 @@ import struct
 import threading
 import time
 import traceback
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from pipeline.errors import StageError
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from pipeline.models import Policy
 
 #: Seconds a document may take before it is stopped (``--doc-timeout``; 0 = no limit).

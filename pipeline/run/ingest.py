@@ -15,7 +15,7 @@ import xxhash
 
 from pipeline._version import __version__
 from pipeline.errors import UsageError
-from pipeline.models import Policy
+from pipeline.models import DEFAULT_MAX_BYTES, Policy
 from pipeline.run import feed as feed_mod
 from pipeline.run.db import StateDB, StateError, db_path
 from pipeline.run.discover import Found, discover, find_one
@@ -24,7 +24,6 @@ from pipeline.run.migrate import migrate
 from pipeline.run.record import Run, fold, forget, prune_folders, sweep
 from pipeline.run.state import STATE_DIR, clear_journals, new_run_id, now_iso, output_lock, state_dir
 from pipeline.stages.mint import policy_hash
-from pipeline.stages.normalize import DEFAULT_MAX_BYTES
 
 if TYPE_CHECKING:  # the runner pulls in mistletoe and the schema: only a run with work to do loads it
     from pipeline.run.job import DocResult, Job

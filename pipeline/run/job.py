@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.models import Policy
-from pipeline.stages.normalize import DEFAULT_MAX_BYTES
+from pipeline.models import DEFAULT_MAX_BYTES, Policy
 
 __all__ = ["DocResult", "Job"]
 

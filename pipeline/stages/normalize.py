@@ -12,9 +12,8 @@ from typing import Any
 import yaml
 
 from pipeline.errors import StageError
-from pipeline.models import SourceDoc
+from pipeline.models import DEFAULT_MAX_BYTES, SourceDoc
 
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 #: Bounds on parsed front matter: values in all (after YAML aliases), and nesting.
 _FRONT_MATTER_VALUES = 100_000
 _FRONT_MATTER_DEPTH = 64
