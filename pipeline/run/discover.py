@@ -45,7 +45,6 @@ def discover(
     *,
     unreadable: list[str] | None = None,
     stat: bool = False,
-    on_found: Callable[[Found], bool] | None = None,
     on_folder: Callable[[str, list[Found]], bool] | None = None,
 ) -> tuple[list[Found], list[str]]:
     """Every document under ``root``, sorted by relative path, and the folders it could not read.
@@ -61,13 +60,10 @@ def discover(
         stat: take each document's size and mtime on the way (``Found.size``,
             ``Found.mtime_ns``): the one ``stat`` per document a no-change run needs,
             from the folder entry, so no second pass builds every path again.
-        on_found: called with each document as the walk finds it (walk order, before
-            the sort), so a caller can act on the first changed one before the walk ends;
-            once it returns True it is not called again.
         on_folder: called once per listed folder with its prefix (``a/b/``, ``""`` at the
-            root) and the documents directly in it (in no order; ``on_found`` is not called
-            for them); those it returns False for are left out of the result (the caller
-            has dealt with them as a whole).
+            root) and the documents directly in it (in no order), as the walk lists it, so
+            a caller can act on a folder before the walk ends; those it returns False for
+            are left out of the result (the caller has dealt with them as a whole).
     """
     problems: list[str] = []
     root = root.resolve()
@@ -78,10 +74,8 @@ def discover(
     out_key = (out_st.st_dev, out_st.st_ino) if out_st is not None else None
     seen_dirs: set[tuple[int, int]] = set()
     found: list[Found] = []
-    tell = on_found
 
     def walk(folder: str, rel: str, key: tuple[int, int] | None) -> None:
-        nonlocal tell
         if key is None:
             try:
                 st = os.stat(folder)
@@ -150,8 +144,6 @@ def discover(
                         else Found(f"{base}/{name}", rel_path, got.st_size, got.st_mtime_ns)
                     )
                     here.append(doc)
-                    if tell is not None and on_folder is None and tell(doc):
-                        tell = None  # it has heard enough
             problems.extend(sorted(bad_names))
         finally:
             os.close(fd)
