@@ -11,7 +11,7 @@ embeds only what it adds:
   (the ingest default's budget), with the bench's cached embedder. Options after ``+``,
   joined by ``+``, change one setting each: ``merge<B>`` (passage budget; ``merge0`` = plain
   chunks), ``expand<B>`` (plain search, then growth into unranked neighbours too),
-  ``rrf<K>`` (fusion constant), ``wd<W>`` (dense weight in tenths, BM25 weight 1), and
+  ``rrf<K>`` (reciprocal rank fusion with constant K instead of the default z-score fusion), ``wd<W>`` (dense weight in tenths, BM25 weight 1), and
   ``@<set>`` at the end another chunk set (``search+merge512@chunkyard-256``).
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
@@ -174,7 +174,7 @@ def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
         elif m.group(1) == "expand":
             options["expand_tokens"], grow = 0, value
         elif m.group(1) == "rrf":
-            options["rrf_k"] = value
+            options["rrf_k"], options["fusion"] = value, "rrf"
         else:
             options["weights"] = (1.0, value / 10)
     return options, grow, source or None
