@@ -66,7 +66,7 @@ def main() -> None:
         print(summary(corpus, rows, args.ours, args.mode))
         if args.compact:
             print(compact(corpus, rows, [(args.ours, f"**chunkyard search ({args.ours}), default settings**"),
-                                         ("search+rrf60", "chunkyard search, fused by RRF k = 60 (before)"),
+                                         ("search+rrf60", "chunkyard search, fused by RRF k = 60"),
                                          ("search+merge0", "chunkyard search --no-expand"),
                                          ("search@chunkyard-512", "chunkyard search, 512-token chunks (before 0.4.0)")]))
 
