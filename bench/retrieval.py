@@ -294,6 +294,8 @@ def main() -> None:
     ap.add_argument("--ours", default="search", help="the row the paired view compares with every other")
     ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
+    ap.add_argument("--fusion", default="rrf", choices=("rrf", "zscore"),
+                    help="the stand-in's hybrid fusion for every chunker (chunkyard search: zscore)")
     ap.add_argument("--max-bytes", type=int, default=1_600_000,
                     help="a larger corpus is cut to the gold set's documents plus others up to this size")
     args = ap.parse_args()
@@ -323,7 +325,7 @@ def main() -> None:
             made.update(variant_searches(names, built, sets, dirs, embed, count))
             return made  # type: ignore[no-any-return]
 
-        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed), args.k, variants)
+        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed, args.fusion), args.k, variants)
         stats = {name: chunk_stats(chunks) for name, chunks in sets.items()}
         stats.update({name: stats[base] for name, (base, _) in made.items()})
         text = table(corpus, results, stats) + "\n" + paired_table(results, args.ours)
