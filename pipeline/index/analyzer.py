@@ -40,12 +40,15 @@ def analyze(text: str) -> str:
 
 
 def words(query: str) -> list[str]:
-    """The query's words: runs of characters that are not white space, punctuation or symbols
-    (Unicode categories Z*, P*, S*, C*), ``_`` excepted; combining marks stay inside a word."""
+    """The query's words: runs of the characters FTS5's ``unicode61`` keeps in a token (Unicode
+    categories L*, N*, Co), plus combining marks (M*: a word's marks stay with it, and FTS5
+    then cuts the quoted word as it cuts the text) and ``_`` (``response_model`` stays one
+    phrase). Everything else (white space, punctuation, symbols, emoji) separates words."""
     out: list[str] = []
     current: list[str] = []
     for ch in query:
-        if ch == "_" or unicodedata.category(ch)[0] not in "ZPSC":
+        category = unicodedata.category(ch)
+        if ch == "_" or category[0] in "LNM" or category == "Co":
             current.append(ch)
         elif current:
             out.append("".join(current))
