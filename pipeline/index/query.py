@@ -11,7 +11,8 @@ one list counts ``MISSING_Z`` (-3) there, and the fused score is the weighted su
 weights). Unlike reciprocal rank fusion it keeps how far a hit stands out: a chunk far
 ahead in one list is not overtaken by chunks that are middling in both. Measured on the
 three gold sets of ``bench/gold`` against RRF (k = 60), same index, same passages:
-+2.6 / +2.9 / +1.9 nDCG@10 (Rust book, PowerShell, FastAPI with word-level BM25 terms).
++3.1 / +0.9 / +2.0 nDCG@10 alone, +3.6 / +1.9 / +2.9 with the query's words as BM25 terms
+(Rust book, FastAPI, PowerShell; ``docs/benchmarks.md``).
 ``fusion="rrf"`` keeps reciprocal rank fusion (``rrf_k``).
 
 Scores: ``score_raw`` is the ranker's own (BM25 positive, higher is better; cosine
