@@ -17,7 +17,8 @@ and ``search(query, mode, k)`` → ranked items). ``MemoryRetriever`` is the sta
 here: Okapi BM25 (k1 = 1.2, b = 0.75, SQLite FTS5's defaults) over the text each chunker
 would embed, dense cosine when an embedder is available (issue 16's
 ``pipeline.index.embedders.make_embedder``; without it only ``bm25`` runs), and hybrid =
-reciprocal rank fusion (k = 60) of the two top-50 lists, as ``chunkyard search`` does.
+reciprocal rank fusion (k = 60) of the two top-50 lists, as ``chunkyard search`` did before
+issue 17's z-score fusion (the ``<set>+zscore`` variant fuses a peer's lists as ``search`` now does).
 Ties: score desc, then chunk id asc.
 """
 
@@ -78,8 +79,9 @@ def words(text: str) -> list[str]:
 class MemoryRetriever:
     """BM25 + optional dense + RRF over one chunk list, in memory (the bench's stand-in for issue 16)."""
 
-    def __init__(self, chunks: Sequence[EvalChunk], embed: Embed | None = None) -> None:
+    def __init__(self, chunks: Sequence[EvalChunk], embed: Embed | None = None, fusion: str = "rrf") -> None:
         self.chunks = list(chunks)
+        self.fusion = fusion  #: hybrid: ``rrf`` (k = 60) or ``zscore`` (chunkyard search's default since issue 17)
         self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self.lengths = []
         for i, chunk in enumerate(self.chunks):
@@ -117,6 +119,12 @@ class MemoryRetriever:
             ranked = self.bm25(query)
         elif mode == "dense":
             ranked = self.dense(query)
+        elif self.fusion == "zscore":  # as pipeline.index.query: z-scores per list, a missing chunk MISSING_Z
+            from pipeline.index.query import MISSING_Z, zscores
+
+            lists = [zscores([(str(i), s) for i, s in ranking[:POOL]]) for ranking in (self.bm25(query), self.dense(query))]
+            ids = {int(i) for z in lists for i in z}
+            ranked = self._top((i, sum(z.get(str(i), MISSING_Z) for z in lists)) for i in ids)
         else:
             fused: dict[int, float] = defaultdict(float)
             for ranking in (self.bm25(query), self.dense(query)):
@@ -286,6 +294,8 @@ def main() -> None:
     ap.add_argument("--ours", default="search", help="the row the paired view compares with every other")
     ap.add_argument("--k", type=int, default=POOL, help="ranked items per question (enough to fill 2,000 tokens)")
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
+    ap.add_argument("--fusion", default="rrf", choices=("rrf", "zscore"),
+                    help="the stand-in's hybrid fusion for every chunker (chunkyard search: zscore)")
     ap.add_argument("--max-bytes", type=int, default=1_600_000,
                     help="a larger corpus is cut to the gold set's documents plus others up to this size")
     args = ap.parse_args()
@@ -315,7 +325,7 @@ def main() -> None:
             made.update(variant_searches(names, built, sets, dirs, embed, count))
             return made  # type: ignore[no-any-return]
 
-        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed), args.k, variants)
+        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed, args.fusion), args.k, variants)
         stats = {name: chunk_stats(chunks) for name, chunks in sets.items()}
         stats.update({name: stats[base] for name, (base, _) in made.items()})
         text = table(corpus, results, stats) + "\n" + paired_table(results, args.ours)

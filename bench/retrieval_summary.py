@@ -4,7 +4,8 @@
 
 Reads every ``bench/results/retrieval-<corpus>*.json`` (runs with different ``--tag`` are
 merged; a later file wins for a name it repeats) and prints, per corpus, the best peer on
-each metric (any peer chunker, any mode), chunkyard's row in ``--mode`` (``search``:
+each metric (any peer chunker, any mode, fused by RRF or, in ``<peer>+zscore`` rows, as ``search``
+fuses), chunkyard's row in ``--mode`` (``search``:
 chunkyard's own index and search with default settings) and the difference. The goal: ≥ +3 points on nDCG@10 and on recall@2000tok, ≥ 0 on recall@5.
 """
 
@@ -25,6 +26,8 @@ PEERS = (
     "fixed-800-400",
     "fixed-256",
 )
+#: Each peer also with its lists fused as chunkyard search fuses them (``<peer>+zscore``), when run.
+PEER_ROWS = (*PEERS, *(f"{p}+zscore" for p in PEERS))
 GOAL = {"recall@5": 0.0, "nDCG@10": 3.0, "recall@2000tok": 3.0}
 
 
@@ -42,7 +45,7 @@ def summary(corpus: str, rows: dict[str, dict[str, dict[str, float]]], ours: str
     lines = [f"### {corpus}", "", "| metric | best peer | its score | chunkyard | Δ | goal |", "|---|---|---:|---:|---:|---|"]
     mine = rows.get(ours, {}).get(mode)
     for metric, margin in GOAL.items():
-        peers = [(m[metric], f"{name} ({md})") for name in PEERS for md, m in rows.get(name, {}).items()]
+        peers = [(m[metric], f"{name} ({md})") for name in PEER_ROWS for md, m in rows.get(name, {}).items()]
         if not peers or mine is None:
             lines.append(f"| {metric} | – | – | – | – | missing |")
             continue
@@ -63,6 +66,7 @@ def main() -> None:
         print(summary(corpus, rows, args.ours, args.mode))
         if args.compact:
             print(compact(corpus, rows, [(args.ours, f"**chunkyard search ({args.ours}), default settings**"),
+                                         ("search+rrf60", "chunkyard search, fused by RRF k = 60"),
                                          ("search+merge0", "chunkyard search --no-expand"),
                                          ("search@chunkyard-512", "chunkyard search, 512-token chunks (before 0.4.0)")]))
 
@@ -71,7 +75,7 @@ def compact(corpus: str, rows: dict[str, dict[str, dict[str, float]]], names: li
     """One Markdown table: the given (row, label) pairs, then every peer, each in every mode."""
     cols = ("recall@5", "nDCG@10", "recall@2000tok")
     lines = [f"**{corpus}**", "", "| run | mode | R@5 | nDCG@10 | R@2k tok |", "|---|---|---:|---:|---:|"]
-    for name, label in [*names, *((p, p) for p in PEERS)]:
+    for name, label in [*names, *((p, p) for p in PEER_ROWS)]:
         for mode in ("hybrid", "dense", "bm25"):
             m = rows.get(name, {}).get(mode)
             if m is not None:

@@ -11,10 +11,12 @@ embeds only what it adds:
   (the ingest default's budget), with the bench's cached embedder. Options after ``+``,
   joined by ``+``, change one setting each: ``merge<B>`` (passage budget; ``merge0`` = plain
   chunks), ``expand<B>`` (plain search, then growth into unranked neighbours too),
-  ``rrf<K>`` (fusion constant), ``wd<W>`` (dense weight in tenths, BM25 weight 1), and
+  ``rrf<K>`` (reciprocal rank fusion with constant K instead of the default z-score fusion), ``wd<W>`` (dense weight in tenths, BM25 weight 1), and
   ``@<set>`` at the end another chunk set (``search+merge512@chunkyard-256``).
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
+- ``<set>+zscore``: the stand-in's BM25 and dense lists fused by z-score, as ``chunkyard
+  search`` fuses since issue 17 (the peers' rows use reciprocal rank fusion, k = 60).
 - ``<set>+multi<W>``: several vectors per chunk: the chunk's text cut into windows of at
   most ``W`` of the embedder's wordpieces (whole paragraphs when they fit), each embedded
   with the chunk's breadcrumb line; a chunk's dense score is the best of its windows
@@ -136,6 +138,14 @@ def multi_vector(base: Any, chunks: Sequence[EvalChunk], embed: Any, size: int) 
     return clone
 
 
+def _refused(base: Any, fusion: str) -> Any:
+    """``base`` (a ``MemoryRetriever``) with another hybrid fusion, sharing its index and vectors."""
+    clone = object.__new__(type(base))
+    clone.__dict__.update(base.__dict__)
+    clone.fusion = fusion
+    return clone
+
+
 class IndexSearch:
     """chunkyard's own index over a chunk folder, asked as a ``Search`` (``Searcher`` with ``options``)."""
 
@@ -174,7 +184,7 @@ def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
         elif m.group(1) == "expand":
             options["expand_tokens"], grow = 0, value
         elif m.group(1) == "rrf":
-            options["rrf_k"] = value
+            options["rrf_k"], options["fusion"] = value, "rrf"
         else:
             options["weights"] = (1.0, value / 10)
     return options, grow, source or None
@@ -200,6 +210,9 @@ def variant_searches(
             continue
         if base not in built:
             print(f"  {name}: skipped (no chunk set {base})", file=sys.stderr)
+            continue
+        if rest == "zscore":  # the stand-in's lists fused as chunkyard search fuses them
+            out[name] = (base, lambda b=base: _refused(built[b], "zscore"))
             continue
         kind = re.fullmatch(r"(expand|merge|multi)(\d+)", rest)
         if kind is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -11,8 +12,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from pipeline.errors import UsageError
 from pipeline.evaluate.metrics import retrieved_from
 from pipeline.index import Searcher, index, search
+from pipeline.index.analyzer import query_terms
+from pipeline.index.query import MISSING_Z, zscores
 from tests.index_support import run_ingest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +99,49 @@ def test_hybrid_fuses_both_rankers(sample: Path) -> None:
     features = [i["features"] for i in record["items"]]
     assert any(f["bm25"] is not None and f["dense"] is not None for f in features)
     top = record["items"][0]
-    assert top["score_raw"] <= 2 / 61 + 1e-12
+    assert top["score_norm"] == pytest.approx(1 / (1 + math.exp(-top["score_raw"] / 2)))
+    with Searcher(sample, fusion="rrf", expand_tokens=0) as rrf:
+        items = rrf("overlap between pieces", "hybrid", 10)
+    assert 0 < items[0]["score_raw"] <= 2 / 61 + 1e-12
+
+
+def test_zscore_fusion_keeps_a_hit_that_stands_far_out_in_one_list() -> None:
+    """The fused score is the sum of each list's z-scores (a missing chunk counts MISSING_Z):
+    the clear winner of one list beats a chunk that is merely middling in both, where
+    reciprocal rank fusion puts the middling chunk first."""
+    bm25 = [("star", 30.0), ("both", 5.0)] + [(f"b{i}", 4.9 - i * 0.01) for i in range(20)]
+    dense = [("d0", 0.62), ("both", 0.61)] + [(f"d{i}", 0.6 - i * 0.001) for i in range(1, 18)]
+    dense += [("star", 0.58)] + [(f"e{i}", 0.57 - i * 0.001) for i in range(5)]
+    z_lex, z_vec = zscores(bm25), zscores(dense)
+    assert sum(z_lex.values()) == pytest.approx(0.0, abs=1e-9)
+    fused = {cid: z_lex.get(cid, MISSING_Z) + z_vec.get(cid, MISSING_Z) for cid in {*z_lex, *z_vec}}
+    rrf = {cid: sum(1 / (60 + r) for r, (c, _) in [*enumerate(bm25, 1), *enumerate(dense, 1)] if c == cid)
+           for cid in fused}  # fmt: skip
+    assert max(fused, key=fused.__getitem__) == "star"
+    assert max(rrf, key=rrf.__getitem__) == "both"
+    assert zscores([("a", 1.0), ("b", 1.0)]) == {"a": 0.0, "b": 0.0} and zscores([]) == {}
+
+
+def test_an_unknown_fusion_is_a_usage_error(sample: Path) -> None:
+    with pytest.raises(UsageError, match="unknown fusion 'max'"):
+        Searcher(sample, fusion="max")
+
+
+@pytest.mark.parametrize(
+    ("query", "terms"),
+    [
+        ("state-of-the-art", ["state", "of", "the", "art"]),
+        ("Get-ChildItem -Recurse -Depth 2", ["Get", "ChildItem", "Recurse", "Depth", "2"]),
+        ("set response_model=None", ["set", "response_model", "None"]),
+        ("$Error error ERROR", ["Error"]),
+        ("中文文本", ["中 文 文 本"]),
+        ("हिन्दी भाषा", ["हिन्दी", "भाषा"]),
+        ("🦀 --", []),
+        ('say "hi"', ["say", "hi"]),
+    ],
+)
+def test_query_terms_are_the_words(query: str, terms: list[str]) -> None:
+    assert query_terms(query) == terms
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,24 @@
-"""``chunkyard search``: BM25, dense, or both fused by reciprocal rank (k = 60), with citations.
+"""``chunkyard search``: BM25, dense, or both fused by z-score, with citations.
 
 The answer is 004's retrieval result record (``schemas/search.schema.json``): the
 envelope, ``q_id``, ``ranker``, ``k`` and ``items``; every item carries 001's citation
 payload, its ``features`` {bm25, dense} and the text. Order is deterministic: score_norm
 descending, then ``section_id``, then ``snippet_id`` (001 rule 5).
 
+Hybrid fusion (issue 17): each ranker's list (``FUSE_DEPTH`` deep) is turned into z-scores
+(its score minus the list's mean, over the list's standard deviation), a chunk missing from
+one list counts ``MISSING_Z`` (-3) there, and the fused score is the weighted sum (equal
+weights). Unlike reciprocal rank fusion it keeps how far a hit stands out: a chunk far
+ahead in one list is not overtaken by chunks that are middling in both. Measured on the
+three gold sets of ``bench/gold`` against RRF (k = 60), same index, same passages:
++3.1 / +0.9 / +2.0 nDCG@10 alone, +3.6 / +1.9 / +2.9 with the query's words as BM25 terms
+(Rust book, FastAPI, PowerShell; ``docs/benchmarks.md``).
+``fusion="rrf"`` keeps reciprocal rank fusion (``rrf_k``).
+
 Scores: ``score_raw`` is the ranker's own (BM25 positive, higher is better; cosine
-similarity; the RRF sum); ``score_norm`` maps it into [0, 1] without looking at the other
-hits (BM25 s/(1+s), cosine (1+c)/2, RRF divided by its maximum 2/61), so it never makes
+similarity; the fused z-score sum, or the RRF sum); ``score_norm`` maps it into [0, 1]
+without looking at the other hits (BM25 s/(1+s), cosine (1+c)/2, the logistic function of
+the z-score sum over the weights' sum, RRF divided by its maximum 2/61), so it never makes
 ties that the raw scores did not have.
 
 Passages (issue 17): by default each hit is merged with the neighbours of its section that
@@ -22,6 +33,7 @@ since it was chunked is not merged (its hits stay chunks; a warning names it).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +50,11 @@ from pipeline.index.identity import check_compatible, rebuild_hint
 from pipeline.index.store import ChunkRow, VectorStore, open_store, store_spec
 
 MODES = ("hybrid", "dense", "bm25")
+#: Hybrid fusion: ``zscore`` (the default) or ``rrf`` (reciprocal rank, ``RRF_K``).
+FUSIONS = ("zscore", "rrf")
 RRF_K = 60
+#: A chunk missing from one ranker's list counts this z-score there (below almost all it holds).
+MISSING_Z = -3.0
 #: Each ranker's list in hybrid mode is this deep (or k, when k is larger).
 FUSE_DEPTH = 50
 SCHEMA_VERSION = "1.0.0"
@@ -63,14 +79,19 @@ class Searcher:
         corpus: Path | None = None,
         rrf_k: int = RRF_K,
         weights: tuple[float, float] = (1.0, 1.0),
+        fusion: str = "zscore",
     ) -> None:
         if expand_tokens < 0:
             raise UsageError(f"expand_tokens must be 0 (off) or more, got {expand_tokens}")
+        if fusion not in FUSIONS:
+            raise UsageError(f"unknown fusion {fusion!r} (hint: one of {', '.join(FUSIONS)})")
         self.out = Path(out)
         self.expand_tokens = expand_tokens
+        self.fusion = fusion
         self.rrf_k = rrf_k
         self.weights = weights
-        """Hybrid fusion: ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)`` (the bench tunes them)."""
+        """Hybrid fusion: ``w_bm25 * z_bm25 + w_dense * z_dense`` (or, with ``fusion="rrf"``,
+        ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)``; the bench tunes them)."""
         self._corpus = corpus
         self._store: Any = False  # the chunk folder's store, opened on the first passage
         self._texts: dict[str, tuple[tuple[int, int] | None, str | None]] = {}
@@ -281,6 +302,7 @@ class Searcher:
             warnings.append("no BM25 term matched: chunks containing the query's text instead")
         lex = {cid: (rank, score) for rank, (cid, score) in enumerate(bm25, 1)}
         vec = {cid: (rank, score) for rank, (cid, score) in enumerate(dense, 1)}
+        z_lex, z_vec = zscores(bm25), zscores(dense)
         out: list[tuple[str, float, dict[str, float | None], int]] = []
         for cid in sorted(lex.keys() | vec.keys()):
             features = {
@@ -295,12 +317,16 @@ class Searcher:
                 pairs = [
                     (w, p[0]) for w, p in zip(self.weights, (lex.get(cid), vec.get(cid)), strict=True) if p
                 ]
-                fused = sum(w / (self.rrf_k + r) for w, r in pairs)
+                if self.fusion == "rrf":
+                    fused = sum(w / (self.rrf_k + r) for w, r in pairs)
+                else:
+                    w_lex, w_vec = self.weights
+                    fused = w_lex * z_lex.get(cid, MISSING_Z) + w_vec * z_vec.get(cid, MISSING_Z)
                 out.append((cid, fused, features, min(r for _, r in pairs)))
         return out
 
     def _normalize(self, score: float, mode: str) -> float:
-        return normalize(score, mode, self.rrf_k, sum(self.weights))
+        return normalize(score, mode, self.rrf_k, sum(self.weights), self.fusion)
 
     def _payloads(
         self, ranked: list[tuple[str, float, dict[str, float | None], int]], k: int, mode: str
@@ -367,14 +393,30 @@ class Searcher:
         }
 
 
-def normalize(score: float, mode: str, rrf_k: int = RRF_K, weight_sum: float = 2.0) -> float:
-    """``score_norm`` in [0, 1] from the raw score alone (see the module docstring); a fused score
-    is divided by its maximum, ``weight_sum / (rrf_k + 1)``."""
+def normalize(
+    score: float, mode: str, rrf_k: int = RRF_K, weight_sum: float = 2.0, fusion: str = "zscore"
+) -> float:
+    """``score_norm`` in [0, 1] from the raw score alone (see the module docstring): a z-score
+    sum through the logistic function (over ``weight_sum``), an RRF sum divided by its maximum,
+    ``weight_sum / (rrf_k + 1)``."""
     if mode == "bm25":
         return score / (1.0 + score) if score > 0 else 0.0
     if mode == "dense":
         return min(1.0, max(0.0, (1.0 + score) / 2.0))
-    return min(1.0, score / (weight_sum / (rrf_k + 1)))
+    if fusion == "rrf":
+        return min(1.0, score / (weight_sum / (rrf_k + 1)))
+    return 1.0 / (1.0 + math.exp(-score / (weight_sum or 1.0)))
+
+
+def zscores(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """Each chunk's score in one ranker's list as a z-score within that list (0 for all when
+    the scores are all equal)."""
+    if not ranked:
+        return {}
+    scores = [score for _, score in ranked]
+    mean = sum(scores) / len(scores)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in scores) / len(scores))
+    return {cid: (score - mean) / sd if sd > 0 else 0.0 for cid, score in ranked}
 
 
 def search(
@@ -409,4 +451,4 @@ def live_index_hash(out: Path | str, store: str | Path | None = None) -> str | N
         db.close()
 
 
-__all__: Sequence[str] = ("MODES", "Searcher", "live_index_hash", "normalize", "search")
+__all__: Sequence[str] = ("FUSIONS", "MODES", "Searcher", "live_index_hash", "normalize", "search", "zscores")

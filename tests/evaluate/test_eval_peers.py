@@ -90,6 +90,17 @@ def test_bm25_dense_and_rrf(tmp_path: Path) -> None:
     assert hybrid[0]["chunk_id"] == "c0"
     # RRF: first in both lists → 2/(60+1)
     assert hybrid[0]["score"] == pytest.approx(2 / 61)
+    # z-score fusion (as chunkyard search): the sum of the two lists' z-scores, the same winner
+    zscored = retrieval.MemoryRetriever(chunks, embed, fusion="zscore")("borrow checker", "hybrid", 3)
+    assert zscored[0]["chunk_id"] == "c0"
+    lists = [search.bm25("borrow checker"), search.dense("borrow checker")]
+    expected = 0.0
+    for ranking in lists:
+        scores = [s for _, s in ranking]
+        mean = sum(scores) / len(scores)
+        sd = (sum((x - mean) ** 2 for x in scores) / len(scores)) ** 0.5
+        expected += (dict(ranking)[0] - mean) / sd if sd else 0.0  # one BM25 hit: z = 0
+    assert zscored[0]["score"] == pytest.approx(expected)
     assert retrieval.MemoryRetriever(chunks).modes == ("bm25",)
 
 
@@ -125,7 +136,7 @@ def test_search_rows_name_their_settings_and_default_to_the_ingest_default() -> 
     assert rv.search_options("") == ({}, 0, None)
     assert rv.search_options("merge0") == ({"expand_tokens": 0}, 0, None)
     assert rv.search_options("merge512+rrf30+wd15@chunkyard-256") == (
-        {"expand_tokens": 512, "rrf_k": 30, "weights": (1.0, 1.5)},
+        {"expand_tokens": 512, "rrf_k": 30, "fusion": "rrf", "weights": (1.0, 1.5)},
         0,
         "chunkyard-256",
     )
