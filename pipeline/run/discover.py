@@ -45,7 +45,7 @@ def discover(
     *,
     unreadable: list[str] | None = None,
     stat: bool = False,
-    on_folder: Callable[[str, list[Found]], bool] | None = None,
+    on_folder: Callable[[str, list[Listed]], bool] | None = None,
 ) -> tuple[list[Found], list[str]]:
     """Every document under ``root``, sorted by relative path, and the folders it could not read.
 
@@ -61,9 +61,10 @@ def discover(
             ``Found.mtime_ns``): the one ``stat`` per document a no-change run needs,
             from the folder entry, so no second pass builds every path again.
         on_folder: called once per listed folder with its prefix (``a/b/``, ``""`` at the
-            root) and the documents directly in it (in no order), as the walk lists it, so
-            a caller can act on a folder before the walk ends; those it returns False for
-            are left out of the result (the caller has dealt with them as a whole).
+            root) and the documents directly in it as ``(name, size, mtime_ns)`` (in no
+            order), as the walk lists it, so a caller can act on a folder before the walk
+            ends; those it returns False for are left out of the result (the caller has
+            dealt with them as a whole: no ``Found`` is made for them).
     """
     problems: list[str] = []
     root = root.resolve()
@@ -102,7 +103,7 @@ def discover(
         base = folder.rstrip("/")  # the root may be "/"
         try:
             prefix = f"{rel}/" if rel else ""
-            here: list[Found] = found if on_folder is None else []
+            listed: list[Listed] = []  # plain tuples: a folder dealt with as a whole costs no Found
             subfolders: list[tuple[str, str, tuple[int, int] | None]] = []
             bad_names: list[str] = []
             for entry in entries:
@@ -138,17 +139,17 @@ def discover(
                         got = entry.stat() if stat else None
                     except OSError:  # the run reads it, and says why it cannot
                         got = None
-                    doc = (
-                        Found(f"{base}/{name}", rel_path)
-                        if got is None
-                        else Found(f"{base}/{name}", rel_path, got.st_size, got.st_mtime_ns)
-                    )
-                    here.append(doc)
+                    if on_folder is not None:
+                        listed.append((name, -1, -1) if got is None else (name, got.st_size, got.st_mtime_ns))
+                    elif got is None:
+                        found.append(Found(f"{base}/{name}", rel_path))
+                    else:
+                        found.append(Found(f"{base}/{name}", rel_path, got.st_size, got.st_mtime_ns))
             problems.extend(sorted(bad_names))
         finally:
             os.close(fd)
-        if on_folder is not None and on_folder(prefix, here):
-            found.extend(here)
+        if on_folder is not None and on_folder(prefix, listed):
+            found.extend(Found(f"{base}/{name}", prefix + name, size, mtime) for name, size, mtime in listed)
         # depth first, in name order, as a recursion would: of two ways into one folder
         # (symlinks), the first by name is the one its documents are found under
         subfolders.sort(key=_REL, reverse=True)
@@ -160,6 +161,9 @@ def discover(
     found.sort(key=_rel)
     return found, problems
 
+
+#: A document as a folder's listing gives it to ``on_folder``: (name, size, mtime_ns).
+Listed = tuple[str, int, int]
 
 _REL = itemgetter(1)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)

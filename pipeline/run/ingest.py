@@ -18,7 +18,7 @@ from pipeline.errors import UsageError
 from pipeline.models import DEFAULT_MAX_BYTES, Policy
 from pipeline.run import feed as feed_mod
 from pipeline.run.db import StateDB, StateError, db_path
-from pipeline.run.discover import Found, discover, find_one
+from pipeline.run.discover import Found, Listed, discover, find_one
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.migrate import migrate
 from pipeline.run.record import Run, fold, forget, prune_folders, sweep
@@ -202,49 +202,47 @@ class _Scan:
         self.recovering = {rel[: rel.rfind("/") + 1] for rel in session.recovering}
         self.stamps: dict[str, tuple[int, int]] = {}  #: rel → (size, mtime) in listed folders
         self.outdated: set[str] = set()  #: rows of listed folders made under another policy or version
-        self.listed: dict[str, list[Found]] = {}
+        self.listed: dict[str, list[Listed]] = {}
         self.sigs: dict[str, bytes] = {}
         self.walked: set[str] = set()
         self.skipped = 0
         self.warm = session.one_shot and session._guarded()
 
-    def signature(self, docs: list[Found]) -> bytes:
-        # (rel_path, size, mtime_ns) in the order the folder listed them: unsorted, because a
+    def signature(self, listed: list[Listed]) -> bytes:
+        # (name, size, mtime_ns) in the order the folder listed them: unsorted, because a
         # listing in another order only costs that folder a look row by row, never a wrong skip
-        listing = [f[1:] for f in docs]
-        return xxhash.xxh3_128_digest(marshal.dumps((self.p_hash, self.version, listing)))
+        return xxhash.xxh3_128_digest(marshal.dumps((self.p_hash, self.version, listed)))
 
-    def folder(self, prefix: str, docs: list[Found]) -> bool:
-        """Whether the walk should keep ``docs`` (a listed folder) or drop them (done with)."""
-        if not docs:  # its recorded documents, if any, are gone (``gone_folders``)
+    def folder(self, prefix: str, listed: list[Listed]) -> bool:
+        """Whether the walk should keep a folder's documents (listed one by one) or drop them."""
+        if not listed:  # its recorded documents, if any, are gone (``gone_folders``)
             return False
         self.walked.add(prefix)
-        sig = self.sigs[prefix] = self.signature(docs)
+        sig = self.sigs[prefix] = self.signature(listed)
         if self.recorded.get(prefix) == sig and prefix not in self.recovering:
             out, folder = self.out_folders, prefix[:-1]
             if folder not in out.listings:
                 out.listings[folder] = out.listing(folder)
             if out.listings[folder] is None:
-                self.skipped += len(docs)
+                self.skipped += len(listed)
                 return False
         for rel, (size, mtime, current) in self.db.folder_stamps(prefix, self.p_hash, self.version).items():
             self.stamps[rel] = (size, mtime)
             if not current:
                 self.outdated.add(rel)
-        self.listed[prefix] = docs
-        if self.warm and any(self._looks_changed(f) for f in docs):
+        self.listed[prefix] = listed
+        if self.warm and any(self._looks_changed(prefix + name, size, mtime) for name, size, mtime in listed):
             self.warm = False  # one worker is all this is for
             self.session._warm()
         return True
 
-    def _looks_changed(self, f: Found) -> bool:
+    def _looks_changed(self, rel: str, size: int, mtime: int) -> bool:
         """A guess from the stat alone (the sync decides for real): a no-change run forks nothing."""
-        rel = f.rel_path
         return (
             self.session.opts.full
             or rel in self.outdated
             or rel in self.session.recovering
-            or self.stamps.get(rel) != (f.size, f.mtime_ns)
+            or self.stamps.get(rel) != (size, mtime)
         )
 
     def hidden(self, blind: list[str]) -> set[str]:
@@ -267,12 +265,12 @@ class _Scan:
         this policy and version, none left to recover, none with an mtime too recent to trust."""
         limit = time.time_ns() - int(_RACY_SECONDS * 1e9)
         signed: dict[str, bytes] = {}
-        for prefix, docs in self.listed.items():
-            if any(f.size < 0 or f.mtime_ns >= limit or f.rel_path in recovering for f in docs):
+        for prefix, listed in self.listed.items():
+            if any(size < 0 or mtime >= limit or prefix + name in recovering for name, size, mtime in listed):
                 continue
             rows = self.db.folder_stamps(prefix, self.p_hash, self.version)
-            if len(rows) == len(docs) and all(
-                (row := rows.get(f.rel_path)) is not None and row == (f.size, f.mtime_ns, True) for f in docs
+            if len(rows) == len(listed) and all(
+                rows.get(prefix + name) == (size, mtime, True) for name, size, mtime in listed
             ):
                 signed[prefix] = self.sigs[prefix]
         return signed
