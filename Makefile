@@ -61,6 +61,10 @@ bench-retrieval: $(STAMP) ## recall/nDCG of chunkyard's chunks vs LangChain, Lla
 	$(BIN)/python bench/retrieval.py $(BENCH_ARGS)
 	$(BIN)/python bench/retrieval_summary.py
 
+.PHONY: bench-edits
+bench-edits: $(STAMP) ## issue 17: each gold set before and after the edit suite (every document edited twice, re-ingest, re-index)
+	$(BIN)/python bench/edit_suite.py $(BENCH_ARGS)
+
 bench-watch: $(STAMP) ## save → chunk files current, p50/p95, for a 20 KB and a 700 KB document
 	$(BIN)/python bench/watch_latency.py
 
