@@ -17,9 +17,9 @@ One SQLite file (stdlib ``sqlite3``, WAL) holds what ``manifest.json``, ``redire
   no-change run stats a folder instead of listing it;
 - ``meta``: the header (format, version, policy, corpus), the generation, counters.
 
-Each document is recorded in one transaction (its rows, its feed lines, its redirects, its
-stale files' deletes): SQLite's atomic commit is what the manifest's
-rename was. Only the parent process opens the database for writing; workers never see it.
+Each document is recorded whole in one transaction (its rows, its feed lines, its redirects,
+its stale files' deletes; a big sync puts several documents in one, ``record.Run``): SQLite's
+atomic commit is what the manifest's rename was. Only the parent process opens the database for writing; workers never see it.
 """
 
 from __future__ import annotations
@@ -142,6 +142,26 @@ class StateDB:
             raise
         self._in_tx = False
         self.commit()
+
+    def begin(self) -> None:
+        """Open a transaction that ``end`` commits: ``transaction`` blocks meanwhile join it.
+
+        For ``record.Run``, which records several documents in one transaction.
+        """
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._in_tx = True
+
+    def end(self) -> None:
+        """Commit the transaction ``begin`` opened (rolled back if the commit fails; re-raised)."""
+        self._in_tx = False
+        self.commit()
+
+    def abort(self) -> None:
+        """Roll back the transaction ``begin`` opened, if it is still open."""
+        self._in_tx = False
+        with suppress(sqlite3.Error):
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
 
     def commit(self) -> None:
         """The one place a transaction becomes true (tests inject a full disk here)."""

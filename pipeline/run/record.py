@@ -1,15 +1,27 @@
-"""Recording a sync in the state database, one document per transaction (SPEC §5, §10).
+"""Recording a sync in the state database, a document whole in one transaction (SPEC §5, §10).
 
 ``fold`` records one document's result: its rows, its change-feed lines, the removal of
-the chunk files it no longer has and its redirects, all in
-one transaction, committed right after its files are in place. Its in-flight row stays
-until the sync ends: a run that dies is re-checked whole by the next (which rewrites and
-announces nothing the state already has), so what spans documents (a rename found by hash,
-a ``doc_uid|r`` collision) is decided again over the same documents. ``forget`` does the same
-for a document that is gone (a rename is found by hash among the chunks made now), and
-``sweep`` for files no document claims. Every corpus-wide question (who claims a file, is
-an id live, which redirects point at a vanished id) is an indexed query, so recording a
-document costs that document, not the corpus.
+the chunk files it no longer has and its redirects, all in one transaction, committed
+once its files are in place. Its in-flight row stays until the sync ends: a run that dies
+is re-checked whole by the next (which rewrites and announces nothing the state already
+has), so what spans documents (a rename found by hash, a ``doc_uid|r`` collision) is
+decided again over the same documents. ``forget`` does the same for a document that is
+gone (a rename is found by hash among the chunks made now), and ``sweep`` for files no
+document claims. Every corpus-wide question (who claims a file, is an id live, which
+redirects point at a vanished id) is an indexed query, so recording a document costs
+that document, not the corpus.
+
+A transaction may hold several documents (``Run.record``): the first is committed alone,
+and each commit lets the next transaction hold twice as many, up to ``BATCH`` documents
+or ``BATCH_SECONDS``; a sync commits what it holds before it ends. A sync whose caller
+hears of each document as it is recorded (``on_result``: a progress bar, ``watch``)
+commits each document alone, so that what the caller hears of is in the feed. A commit writes every
+page it changed to the WAL, and consecutive documents change many of the same pages (the
+feed's, the chunk table's, the counters'): over the 2,251 documents of ``make bench``,
+one commit per document wrote ~320,000 pages (~110,000 batched). A crash
+loses no more than before: every document of the open transaction is in flight, so the
+next run re-checks it against the disk and announces what the state has not recorded. A
+commit that fails leaves every document of its transaction to be re-checked (``unsafe``).
 """
 
 from __future__ import annotations
@@ -34,6 +46,9 @@ if TYPE_CHECKING:
     from pipeline.run.job import DocResult
 
 _KIND = {"ingest.write": "w", "ingest.delete": "d", "ingest.redirect": "r"}
+#: The most documents one transaction holds, and the longest it stays open (seconds).
+BATCH = 64
+BATCH_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -59,6 +74,12 @@ class Run:
     left: bool = False  #: a stale file could not be removed
     error: Exception | None = None  #: the state could not be written
     said: list[tuple[bytes, str, str, int]] = field(default_factory=list)
+    #: the documents recorded in the open transaction ("" for a sweep), not committed yet
+    pending: list[str] = field(default_factory=list)
+    opened: float = 0.0  #: when the open transaction began (``time.monotonic``)
+    room: int = 1  #: documents the open transaction may hold: doubled at each commit, up to ``batch``
+    #: the most documents in one transaction: 1 when the caller hears of each as it is recorded
+    batch: int = BATCH
 
     def say(self, kind: str, *, text: int = 0, **fields: Any) -> None:
         """One change-feed line (the 004 envelope); written with the transaction (``flush``)."""
@@ -72,21 +93,48 @@ class Run:
             self.said.clear()
 
     def record(self, rel: str, work: Any) -> bool:
-        """Run ``work()`` in one transaction with the lines it says; False when it failed."""
+        """Run ``work()`` in the open transaction with the lines it says; False when it failed.
+
+        The transaction is committed once it holds ``room`` documents or is
+        ``BATCH_SECONDS`` old (see the module docstring), else by ``settle``.
+        """
         self.said.clear()
         try:
-            with self.db.transaction():
-                work()
-                self.flush()
-                self.db.set_meta(written_at_epoch=repr(time.time()))
+            if not self.pending:
+                self.db.begin()
+                self.opened = time.monotonic()
+            self.pending.append(rel)
+            work()
+            self.flush()
         except (sqlite3.Error, OSError) as exc:
             self.said.clear()
-            if self.error is None:
-                self.error = exc
-            if rel:
-                self.unsafe.add(rel)
+            self._failed(exc)
             return False
+        if len(self.pending) >= self.room or time.monotonic() - self.opened >= BATCH_SECONDS:
+            return self.settle()
         return True
+
+    def settle(self) -> bool:
+        """Commit the open transaction, if any; False when that failed (its documents are unsafe)."""
+        if not self.pending:
+            return True
+        try:
+            self.db.set_meta(written_at_epoch=repr(time.time()))
+            self.db.end()
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+            return False
+        self.pending.clear()
+        self.room = min(2 * self.room, self.batch)
+        return True
+
+    def _failed(self, exc: Exception) -> None:
+        """The open transaction is lost: its documents are re-checked by the next run."""
+        self.db.abort()
+        if self.error is None:
+            self.error = exc
+        self.unsafe.update(rel for rel in self.pending if rel)
+        self.pending.clear()
 
 
 def fold(result: DocResult, run: Run, rev_width: int | None = None) -> None:
