@@ -60,6 +60,29 @@ def test_a_document_is_in_the_feed_before_the_run_ends(tmp_path: Path) -> None:
         assert orjson.loads((out / event["file"]).read_bytes())["chunk_id"] == event["chunk_id"]
 
 
+def test_a_write_line_is_the_envelope_then_its_fields_each_once(tmp_path: Path) -> None:
+    """The parent writes a line's bytes from the envelope's, spliced: the same JSON, no key twice."""
+    corpus, out = corpus_of(tmp_path, 2)
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    (corpus / "doc0.md").write_text(DOC.format(n=0).replace("## Part", "## New\n\nText.\n\n## Part"))
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    db = StateDB.reader(db_path(out / STATE_DIR))
+    try:
+        raw = [bytes(line) for (line,) in db.conn.execute("SELECT line FROM feed WHERE kind='w' ORDER BY seq")]
+    finally:
+        db.close()
+    envelope = ["schema_version", "event", "ts", "trace_id", "agent_id", "mem_rev", "mem_hash"]
+    fields = ["file", "id", "chunk_id", "hash", "source", "change"]
+    assert len(raw) > 4
+    for line in raw:
+        event = orjson.loads(line)
+        assert orjson.dumps(event) == line  # no key twice (a repeated key would not survive this)
+        keys = list(event)
+        assert keys in (envelope + fields, [*envelope, *fields, "prev_chunk_id"]), keys
+        assert event["mem_hash"] == event["hash"]
+    assert any("prev_chunk_id" in orjson.loads(line) for line in raw)  # a heading added: ids moved
+
+
 def test_state_that_cannot_be_written_is_exit_2_and_the_next_run_says_what_it_missed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

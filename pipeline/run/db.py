@@ -193,6 +193,19 @@ class StateDB:
         if delta:
             self.set_meta(**{key: self.meta_int(key) + delta})
 
+    def add_counts(self, **deltas: int) -> None:
+        """``add_meta`` for several counters: one read and one write."""
+        deltas = {k: d for k, d in deltas.items() if d}
+        if not deltas:
+            return
+        marks = ",".join("?" * len(deltas))
+        now = dict(self.conn.execute(f"SELECT key, value FROM meta WHERE key IN ({marks})", list(deltas)))
+        values = {}
+        for key, delta in deltas.items():
+            value = str(now.get(key, ""))
+            values[key] = (int(value) if value.lstrip("-").isdigit() else 0) + delta
+        self.set_meta(**values)
+
     def header(self) -> dict[str, Any]:
         """The manifest's header fields as they were: format, version, policy_hash, policy, corpus."""
         rows = dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
@@ -317,8 +330,10 @@ class StateDB:
             "INSERT INTO chunks VALUES(?,?,?,?,?,?,?)",
             [(rel, i, f, ids[i], cids[i], hashes[i], gen) for i, f in enumerate(files)],
         )
-        self.add_meta("chunks", len(files) - (old[0] if old else 0))
-        self.add_meta("tokens", int(entry.get("tokens", 0)) - (old[1] if old else 0))
+        self.add_counts(
+            chunks=len(files) - (old[0] if old else 0),
+            tokens=int(entry.get("tokens", 0)) - (old[1] if old else 0),
+        )
 
     def touch_doc(self, rel: str, mtime_ns: int) -> None:
         """A document hashed and found unchanged: only its mtime moves."""
@@ -374,10 +389,8 @@ class StateDB:
         self.conn.execute("INSERT OR REPLACE INTO redirects VALUES(?, ?)", (old, new))
 
     def drop_redirects(self, olds: Iterable[str]) -> int:
-        n = 0
-        for old in olds:
-            n += self.conn.execute("DELETE FROM redirects WHERE old=?", (old,)).rowcount
-        return n
+        cursor = self.conn.executemany("DELETE FROM redirects WHERE old=?", [(old,) for old in olds])
+        return max(cursor.rowcount, 0)
 
     def all_redirects(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT old, new FROM redirects ORDER BY old").fetchall())

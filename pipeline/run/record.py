@@ -77,6 +77,8 @@ class Run:
     #: the documents recorded in the open transaction ("" for a sweep), not committed yet
     pending: list[str] = field(default_factory=list)
     opened: float = 0.0  #: when the open transaction began (``time.monotonic``)
+    #: output folder → its mtime once a document of the open transaction was written there
+    folder_mtimes: dict[str, int] = field(default_factory=dict)
     room: int = 1  #: documents the open transaction may hold: doubled at each commit, up to ``batch``
     #: the most documents in one transaction: 1 when the caller hears of each as it is recorded
     batch: int = BATCH
@@ -119,12 +121,14 @@ class Run:
         if not self.pending:
             return True
         try:
+            self.db.set_folder_mtimes(self.folder_mtimes)
             self.db.set_meta(written_at_epoch=repr(time.time()))
             self.db.end()
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
             return False
         self.pending.clear()
+        self.folder_mtimes.clear()
         self.room = min(2 * self.room, self.batch)
         return True
 
@@ -135,6 +139,7 @@ class Run:
             self.error = exc
         self.unsafe.update(rel for rel in self.pending if rel)
         self.pending.clear()
+        self.folder_mtimes.clear()
 
 
 def fold(result: DocResult, run: Run, rev_width: int | None = None) -> None:
@@ -203,14 +208,17 @@ def _announce_writes(result: DocResult, prev: dict[str, Any], run: Run) -> None:
     known = set(prev.get("embeds") or ())  # empty for an entry from before (a migration): all text
     added = set(result.added)
     moved = added | set(result.changed)
-    base = event("ingest.write", run.run_id, run.generation)
+    # the envelope up to its last field, mem_hash, serialized once: each line adds its own
+    # fields from mem_hash on (the bytes ``orjson.dumps({**envelope, **fields})`` would give)
+    envelope = event("ingest.write", run.run_id, run.generation)
+    del envelope["mem_hash"]
+    lead = orjson.dumps(envelope)[:-1] + b","
     for i, file in enumerate(result.files):
         if file not in moved:
             continue
         chunk_id, digest = result.chunk_ids[i], result.hashes[i]
         text = result.embeds[i] not in known
-        line = {
-            **base,
+        fields = {
             "mem_hash": digest,
             "file": file,
             "id": result.ids[i],
@@ -220,26 +228,29 @@ def _announce_writes(result: DocResult, prev: dict[str, Any], run: Run) -> None:
             "change": "text" if text else "moved",
         }
         if before.get(file, chunk_id) != chunk_id:
-            line["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
-        run.said.append((orjson.dumps(line), feed_mod.key_of(line), "w", int(text)))
+            fields["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
+        run.said.append((lead + orjson.dumps(fields)[1:], "f\x1f" + file, "w", int(text)))
 
 
 def _seen_whole(run: Run, rel: str) -> None:
     """Record the mtime of the document's output folder, now that its files are as the state says.
 
     A later run that finds the folder with this mtime knows no file of it went (``_Folders``).
+    Written with the transaction's commit (``Run.settle``): the last mtime of each folder.
     """
     folder = rel.rpartition("/")[0]
     if not run.whole:  # a save in watch: the folder was not checked, so it is not known whole
+        run.folder_mtimes.pop(folder, None)
         run.db.forget_folders([folder])
         return
     run.recorded.add(folder)
     try:
         mtime = os.stat(run.opts.out / folder if folder else run.opts.out).st_mtime_ns
     except OSError:
+        run.folder_mtimes.pop(folder, None)
         run.db.forget_folders([folder])
         return
-    run.db.set_folder_mtimes({folder: mtime})
+    run.folder_mtimes[folder] = mtime
 
 
 def _remove(run: Run, rel: str, prev: dict[str, Any], stale: list[tuple[int, str]]) -> None:
