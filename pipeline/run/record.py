@@ -18,7 +18,7 @@ hears of each document as it is recorded (``on_result``: a progress bar, ``watch
 commits each document alone, so that what the caller hears of is in the feed. A commit writes every
 page it changed to the WAL, and consecutive documents change many of the same pages (the
 feed's, the chunk table's, the counters'): over the 2,251 documents of ``make bench``,
-one commit per document wrote ~320,000 pages (~110,000 batched). A crash
+one commit per document wrote ~320,000 pages (~80,000 batched). A crash
 loses no more than before: every document of the open transaction is in flight, so the
 next run re-checks it against the disk and announces what the state has not recorded. A
 commit that fails leaves every document of its transaction to be re-checked (``unsafe``).
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 _KIND = {"ingest.write": "w", "ingest.delete": "d", "ingest.redirect": "r"}
 #: The most documents one transaction holds, and the longest it stays open (seconds).
-BATCH = 64
+BATCH = 256
 BATCH_SECONDS = 1.0
 
 
