@@ -367,6 +367,8 @@ class Session:
         """
         if not (self.one_shot and self._guarded()):
             return None
+        if self.opts.jobs > 1 and (self.opts.full or self._empty_out):
+            return None  # all will be chunked: the parent loads it once and forks every worker
         full, recovering = self.opts.full, self.recovering
 
         def seen(f: Found) -> bool:
