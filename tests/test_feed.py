@@ -115,6 +115,34 @@ def test_state_that_cannot_be_written_is_exit_2_and_the_next_run_says_what_it_mi
     assert announced == {f for f in files if not f.startswith("doc_doc0")}
 
 
+def test_a_run_stopped_while_recording_commits_no_half_document_and_the_next_run_converges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Documents share a transaction: one stopped half-way (Ctrl-C) takes none of them with it half."""
+    from pipeline.run import record
+
+    corpus, out = corpus_of(tmp_path, 8)
+    real, calls = record._announce_writes, [0]
+
+    def stopped_at_the_sixth(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 6:  # docs 0, 1-2 committed; 3-4 in the open transaction; 5 half recorded
+            raise KeyboardInterrupt
+        real(*args)
+
+    monkeypatch.setattr(record, "_announce_writes", stopped_at_the_sixth)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(Options(corpus=corpus, out=out, jobs=1))
+    monkeypatch.undo()
+    state = dump_state(out)
+    assert set(state["docs"]) == {e["source"] for e in lines_of(out)} == {"doc0.md", "doc1.md", "doc2.md"}
+    assert state["inflight"] is not None and len(state["inflight"]["docs"]) == 8
+    again = ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert again.exit_code == 0
+    assert {e["source"] for e in lines_of(out)} == {f"doc{n}.md" for n in range(8)}
+    assert dump_state(out)["inflight"] is None
+
+
 def test_a_reader_after_the_end_or_below_the_floor_hears_of_the_gap(tmp_path: Path) -> None:
     corpus, out = corpus_of(tmp_path, 2)
     with pytest.raises(FeedGapError):  # no feed yet: nothing reaches seq 3

@@ -112,6 +112,10 @@ class Run:
             self.said.clear()
             self._failed(exc)
             return False
+        except BaseException:  # Ctrl-C, a bug: a document half recorded must not be committed
+            self.said.clear()
+            self._failed(None)
+            raise
         if len(self.pending) >= self.room or time.monotonic() - self.opened >= BATCH_SECONDS:
             return self.settle()
         return True
@@ -127,15 +131,18 @@ class Run:
         except (sqlite3.Error, OSError) as exc:
             self._failed(exc)
             return False
+        except BaseException:
+            self._failed(None)
+            raise
         self.pending.clear()
         self.folder_mtimes.clear()
         self.room = min(2 * self.room, self.batch)
         return True
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception | None) -> None:
         """The open transaction is lost: its documents are re-checked by the next run."""
         self.db.abort()
-        if self.error is None:
+        if self.error is None and exc is not None:
             self.error = exc
         self.unsafe.update(rel for rel in self.pending if rel)
         self.pending.clear()
