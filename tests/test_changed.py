@@ -117,6 +117,31 @@ def test_a_no_change_run_forks_no_worker(
     assert spawned == []
 
 
+def test_a_run_that_chunks_everything_with_several_jobs_loads_once_and_forks_them_all(
+    twins: tuple[tuple[Path, Path], tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No warm worker: it would load the chunker while the parent loads it again for the next fork."""
+    (corpus, out), (_, fresh) = twins
+    spawned: list[bool] = []
+    real_spawn = GuardPool._spawn
+
+    def counting_spawn(self: GuardPool, *, warm: bool = False) -> object:
+        spawned.append(warm)
+        return real_spawn(self, warm=warm)
+
+    monkeypatch.setattr(GuardPool, "_spawn", counting_spawn)
+    for run in (
+        Options(corpus=corpus, out=out, policy=POLICY, jobs=2, full=True),
+        Options(corpus=corpus, out=fresh.parent / "empty", policy=POLICY, jobs=2),  # a first ingest
+    ):
+        spawned.clear()
+        assert not ingest(run).failures
+        assert spawned == [False, False]
+    spawned.clear()
+    assert not ingest(Options(corpus=corpus, out=out, policy=POLICY, jobs=1, full=True)).failures
+    assert spawned == [True]  # one job: its worker loads while the walk goes on
+
+
 def test_a_warm_worker_that_dies_while_loading_is_replaced(
     twins: tuple[tuple[Path, Path], tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

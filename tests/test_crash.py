@@ -39,7 +39,7 @@ from pipeline.run.state import JOURNAL, STATE_DIR
 SOURCE = CORPORA / "rust-book" / "src"
 N_DOCS = 16
 #: Kills per phase and scenario, spread evenly over the times a clean run reaches the phase.
-KILLS_PER_PHASE = {"chunk-file": 4, "between-renames": 2, "feed-append": 2, "state-commit": 1}
+KILLS_PER_PHASE = {"chunk-file": 4, "between-renames": 2, "feed-append": 2, "state-commit": 3}
 
 
 def chunkyard(corpus: Path, out: Path) -> list[str]:

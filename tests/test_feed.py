@@ -60,6 +60,29 @@ def test_a_document_is_in_the_feed_before_the_run_ends(tmp_path: Path) -> None:
         assert orjson.loads((out / event["file"]).read_bytes())["chunk_id"] == event["chunk_id"]
 
 
+def test_a_write_line_is_the_envelope_then_its_fields_each_once(tmp_path: Path) -> None:
+    """The parent writes a line's bytes from the envelope's, spliced: the same JSON, no key twice."""
+    corpus, out = corpus_of(tmp_path, 2)
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    (corpus / "doc0.md").write_text(DOC.format(n=0).replace("## Part", "## New\n\nText.\n\n## Part"))
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    db = StateDB.reader(db_path(out / STATE_DIR))
+    try:
+        raw = [bytes(line) for (line,) in db.conn.execute("SELECT line FROM feed WHERE kind='w' ORDER BY seq")]
+    finally:
+        db.close()
+    envelope = ["schema_version", "event", "ts", "trace_id", "agent_id", "mem_rev", "mem_hash"]
+    fields = ["file", "id", "chunk_id", "hash", "source", "change"]
+    assert len(raw) > 4
+    for line in raw:
+        event = orjson.loads(line)
+        assert orjson.dumps(event) == line  # no key twice (a repeated key would not survive this)
+        keys = list(event)
+        assert keys in (envelope + fields, [*envelope, *fields, "prev_chunk_id"]), keys
+        assert event["mem_hash"] == event["hash"]
+    assert any("prev_chunk_id" in orjson.loads(line) for line in raw)  # a heading added: ids moved
+
+
 def test_state_that_cannot_be_written_is_exit_2_and_the_next_run_says_what_it_missed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -90,6 +113,34 @@ def test_state_that_cannot_be_written_is_exit_2_and_the_next_run_says_what_it_mi
     assert again.exit_code == 0
     announced = {e["file"] for e in lines_of(out) if e["trace_id"] == again.run_id}
     assert announced == {f for f in files if not f.startswith("doc_doc0")}
+
+
+def test_a_run_stopped_while_recording_commits_no_half_document_and_the_next_run_converges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Documents share a transaction: one stopped half-way (Ctrl-C) takes none of them with it half."""
+    from pipeline.run import record
+
+    corpus, out = corpus_of(tmp_path, 8)
+    real, calls = record._announce_writes, [0]
+
+    def stopped_at_the_sixth(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 6:  # docs 0, 1-2 committed; 3-4 in the open transaction; 5 half recorded
+            raise KeyboardInterrupt
+        real(*args)
+
+    monkeypatch.setattr(record, "_announce_writes", stopped_at_the_sixth)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(Options(corpus=corpus, out=out, jobs=1))
+    monkeypatch.undo()
+    state = dump_state(out)
+    assert set(state["docs"]) == {e["source"] for e in lines_of(out)} == {"doc0.md", "doc1.md", "doc2.md"}
+    assert state["inflight"] is not None and len(state["inflight"]["docs"]) == 8
+    again = ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert again.exit_code == 0
+    assert {e["source"] for e in lines_of(out)} == {f"doc{n}.md" for n in range(8)}
+    assert dump_state(out)["inflight"] is None
 
 
 def test_a_reader_after_the_end_or_below_the_floor_hears_of_the_gap(tmp_path: Path) -> None:

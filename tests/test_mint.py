@@ -302,3 +302,44 @@ def test_the_heuristic_alone_errs_high_on_hex_and_base64(size: int) -> None:
     count = Counter("cl100k_base").count
     for text in (raw.hex(), base64.b64encode(raw).decode(), "0x" + raw.hex()):
         assert estimate_tokens(text) >= count(text), text
+
+
+_ASCII_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_NOT_LETTERS = bytes(b for b in range(128) if b not in _ASCII_LETTERS)
+
+
+def _estimate_by_regex(text: str) -> int:
+    """``estimate_tokens`` as its docstring defines it, dense runs found by a regular expression."""
+    ascii_bytes = text.encode("ascii", "ignore")
+    letters = len(ascii_bytes) - len(ascii_bytes.translate(None, _ASCII_LETTERS))
+    spaces = text.count(" ")
+    dense = sum(
+        len(run.translate(None, _NOT_LETTERS)) * 2 // 3 + 1
+        for run in re.findall(rb"[A-Za-z0-9+/=_-]{24,}", ascii_bytes)
+    )
+    return (
+        -(-letters // 3)
+        + (len(ascii_bytes) - letters - spaces)
+        + -(-spaces // 4)
+        + 2 * (len(text) - len(ascii_bytes))
+        + dense
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        _DENSE,
+        st.lists(
+            st.one_of(
+                st.text(st.sampled_from("aZ09+/=_-"), min_size=20, max_size=60),
+                st.text(st.sampled_from(" .\n\t,é日\x7f"), min_size=0, max_size=3),
+            ),
+            max_size=12,
+        ).map("".join),
+        st.text(min_size=0, max_size=200),
+    )
+)
+def test_the_heuristic_finds_the_dense_runs_the_regular_expression_finds(text: str) -> None:
+    """The dense runs are found by a byte map and ``find`` (fast); the regex is the definition."""
+    assert estimate_tokens(text) == _estimate_by_regex(text), text

@@ -21,9 +21,9 @@ One SQLite file (stdlib ``sqlite3``, WAL) holds what ``manifest.json``, ``redire
   its documents' rows; any write to a document's row drops its folder's signature;
 - ``meta``: the header (format, version, policy, corpus), the generation, counters.
 
-Each document is recorded in one transaction (its rows, its feed lines, its redirects, its
-stale files' deletes): SQLite's atomic commit is what the manifest's
-rename was. Only the parent process opens the database for writing; workers never see it.
+Each document is recorded whole in one transaction (its rows, its feed lines, its redirects,
+its stale files' deletes; a big sync puts several documents in one, ``record.Run``): SQLite's
+atomic commit is what the manifest's rename was. Only the parent process opens the database for writing; workers never see it.
 """
 
 from __future__ import annotations
@@ -154,6 +154,26 @@ class StateDB:
         self._in_tx = False
         self.commit()
 
+    def begin(self) -> None:
+        """Open a transaction that ``end`` commits: ``transaction`` blocks meanwhile join it.
+
+        For ``record.Run``, which records several documents in one transaction.
+        """
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._in_tx = True
+
+    def end(self) -> None:
+        """Commit the transaction ``begin`` opened (rolled back if the commit fails; re-raised)."""
+        self._in_tx = False
+        self.commit()
+
+    def abort(self) -> None:
+        """Roll back the transaction ``begin`` opened, if it is still open."""
+        self._in_tx = False
+        with suppress(sqlite3.Error):
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+
     def commit(self) -> None:
         """The one place a transaction becomes true (tests inject a full disk here)."""
         reached("state-commit")
@@ -183,6 +203,19 @@ class StateDB:
     def add_meta(self, key: str, delta: int) -> None:
         if delta:
             self.set_meta(**{key: self.meta_int(key) + delta})
+
+    def add_counts(self, **deltas: int) -> None:
+        """``add_meta`` for several counters: one read and one write."""
+        deltas = {k: d for k, d in deltas.items() if d}
+        if not deltas:
+            return
+        marks = ",".join("?" * len(deltas))
+        now = dict(self.conn.execute(f"SELECT key, value FROM meta WHERE key IN ({marks})", list(deltas)))
+        values = {}
+        for key, delta in deltas.items():
+            value = str(now.get(key, ""))
+            values[key] = (int(value) if value.lstrip("-").isdigit() else 0) + delta
+        self.set_meta(**values)
 
     def header(self) -> dict[str, Any]:
         """The manifest's header fields as they were: format, version, policy_hash, policy, corpus."""
@@ -309,8 +342,10 @@ class StateDB:
             "INSERT INTO chunks VALUES(?,?,?,?,?,?,?)",
             [(rel, i, f, ids[i], cids[i], hashes[i], gen) for i, f in enumerate(files)],
         )
-        self.add_meta("chunks", len(files) - (old[0] if old else 0))
-        self.add_meta("tokens", int(entry.get("tokens", 0)) - (old[1] if old else 0))
+        self.add_counts(
+            chunks=len(files) - (old[0] if old else 0),
+            tokens=int(entry.get("tokens", 0)) - (old[1] if old else 0),
+        )
 
     def touch_doc(self, rel: str, mtime_ns: int) -> None:
         """A document hashed and found unchanged: only its mtime moves."""
@@ -368,10 +403,8 @@ class StateDB:
         self.conn.execute("INSERT OR REPLACE INTO redirects VALUES(?, ?)", (old, new))
 
     def drop_redirects(self, olds: Iterable[str]) -> int:
-        n = 0
-        for old in olds:
-            n += self.conn.execute("DELETE FROM redirects WHERE old=?", (old,)).rowcount
-        return n
+        cursor = self.conn.executemany("DELETE FROM redirects WHERE old=?", [(old,) for old in olds])
+        return max(cursor.rowcount, 0)
 
     def all_redirects(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT old, new FROM redirects ORDER BY old").fetchall())

@@ -206,7 +206,10 @@ class _Scan:
         self.sigs: dict[str, bytes] = {}
         self.walked: set[str] = set()
         self.skipped = 0
-        self.warm = session.one_shot and session._guarded()
+        opts = session.opts
+        # all will be chunked by several jobs: the parent loads it once and forks every worker
+        everything = opts.jobs > 1 and (opts.full or session._empty_out)
+        self.warm = session.one_shot and session._guarded() and not everything
 
     def signature(self, listed: list[Listed]) -> bytes:
         # (name, size, mtime_ns) in the order the folder listed them: unsorted, because a
@@ -366,7 +369,8 @@ class Session:
 
     Crash safety (SPEC §5): before a sync touches a chunk file it records the documents it
     is about to touch (the ``inflight`` rows); each document is then recorded, with its
-    feed lines, in one transaction; the rows are replaced when the sync ends. A session that finds rows
+    feed lines, whole in one transaction (several documents to one in a big sync,
+    ``record.Run``); the rows are replaced when the sync ends. A session that finds rows
     (or the sweep flag) left by a run that died re-checks those documents against the
     disk (untrusted), sweeps the output for orphans and temp files, and announces in the
     change feed everything the state has not seen: the next run converges to what a
@@ -635,21 +639,27 @@ class Session:
             raise _state_error(opts.out, exc) from None
         if on_start is not None:
             on_start(len(jobs))
-        for result in self.results(jobs):
-            fold(result, run)
-            if on_result is not None:
-                on_result(result)
-        del jobs
-        self._widen_collisions(found, run, processed_at)
-        self.gone = {}
-        for rel in gone:
-            entry_files = len(db.files_of(rel))
-            forget(run, rel)
-            self.gone[rel] = entry_files
-        # an output that was empty holds only what this run wrote, unless a document failed
-        # (a worker stopped while renaming can leave temp files): no orphans to look for
-        if sweep_now and not (empty_out and not summary.failures):
-            sweep(run)
+        if on_result is not None:  # it hears of a document once its lines are in the feed
+            run.batch = 1
+        try:  # documents are recorded several to a transaction (``Run.record``): commit the last
+            for result in self.results(jobs):
+                fold(result, run)
+                if on_result is not None:
+                    on_result(result)
+            del jobs
+            run.settle()  # before the collision check's queries and re-runs
+            self._widen_collisions(found, run, processed_at)
+            self.gone = {}
+            for rel in gone:
+                entry_files = len(db.files_of(rel))
+                forget(run, rel)
+                self.gone[rel] = entry_files
+            # an output that was empty holds only what this run wrote, unless a document failed
+            # (a worker stopped while renaming can leave temp files): no orphans to look for
+            if sweep_now and not (empty_out and not summary.failures):
+                sweep(run)
+        finally:
+            run.settle()
         prune_folders(opts.out, run.emptied)
         summary.chunks = db.meta_int("chunks")
         summary.tokens = db.meta_int("tokens")

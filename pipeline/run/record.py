@@ -1,15 +1,27 @@
-"""Recording a sync in the state database, one document per transaction (SPEC §5, §10).
+"""Recording a sync in the state database, a document whole in one transaction (SPEC §5, §10).
 
 ``fold`` records one document's result: its rows, its change-feed lines, the removal of
-the chunk files it no longer has and its redirects, all in
-one transaction, committed right after its files are in place. Its in-flight row stays
-until the sync ends: a run that dies is re-checked whole by the next (which rewrites and
-announces nothing the state already has), so what spans documents (a rename found by hash,
-a ``doc_uid|r`` collision) is decided again over the same documents. ``forget`` does the same
-for a document that is gone (a rename is found by hash among the chunks made now), and
-``sweep`` for files no document claims. Every corpus-wide question (who claims a file, is
-an id live, which redirects point at a vanished id) is an indexed query, so recording a
-document costs that document, not the corpus.
+the chunk files it no longer has and its redirects, all in one transaction, committed
+once its files are in place. Its in-flight row stays until the sync ends: a run that dies
+is re-checked whole by the next (which rewrites and announces nothing the state already
+has), so what spans documents (a rename found by hash, a ``doc_uid|r`` collision) is
+decided again over the same documents. ``forget`` does the same for a document that is
+gone (a rename is found by hash among the chunks made now), and ``sweep`` for files no
+document claims. Every corpus-wide question (who claims a file, is an id live, which
+redirects point at a vanished id) is an indexed query, so recording a document costs
+that document, not the corpus.
+
+A transaction may hold several documents (``Run.record``): the first is committed alone,
+and each commit lets the next transaction hold twice as many, up to ``BATCH`` documents
+or ``BATCH_SECONDS``; a sync commits what it holds before it ends. A sync whose caller
+hears of each document as it is recorded (``on_result``: a progress bar, ``watch``)
+commits each document alone, so that what the caller hears of is in the feed. A commit writes every
+page it changed to the WAL, and consecutive documents change many of the same pages (the
+feed's, the chunk table's, the counters'): over the 2,251 documents of ``make bench``,
+one commit per document wrote ~320,000 pages (~80,000 batched). A crash
+loses no more than before: every document of the open transaction is in flight, so the
+next run re-checks it against the disk and announces what the state has not recorded. A
+commit that fails leaves every document of its transaction to be re-checked (``unsafe``).
 """
 
 from __future__ import annotations
@@ -34,6 +46,9 @@ if TYPE_CHECKING:
     from pipeline.run.job import DocResult
 
 _KIND = {"ingest.write": "w", "ingest.delete": "d", "ingest.redirect": "r"}
+#: The most documents one transaction holds, and the longest it stays open (seconds).
+BATCH = 256
+BATCH_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -59,6 +74,14 @@ class Run:
     left: bool = False  #: a stale file could not be removed
     error: Exception | None = None  #: the state could not be written
     said: list[tuple[bytes, str, str, int]] = field(default_factory=list)
+    #: the documents recorded in the open transaction ("" for a sweep), not committed yet
+    pending: list[str] = field(default_factory=list)
+    opened: float = 0.0  #: when the open transaction began (``time.monotonic``)
+    #: output folder → its mtime once a document of the open transaction was written there
+    folder_mtimes: dict[str, int] = field(default_factory=dict)
+    room: int = 1  #: documents the open transaction may hold: doubled at each commit, up to ``batch``
+    #: the most documents in one transaction: 1 when the caller hears of each as it is recorded
+    batch: int = BATCH
 
     def say(self, kind: str, *, text: int = 0, **fields: Any) -> None:
         """One change-feed line (the 004 envelope); written with the transaction (``flush``)."""
@@ -72,21 +95,58 @@ class Run:
             self.said.clear()
 
     def record(self, rel: str, work: Any) -> bool:
-        """Run ``work()`` in one transaction with the lines it says; False when it failed."""
+        """Run ``work()`` in the open transaction with the lines it says; False when it failed.
+
+        The transaction is committed once it holds ``room`` documents or is
+        ``BATCH_SECONDS`` old (see the module docstring), else by ``settle``.
+        """
         self.said.clear()
         try:
-            with self.db.transaction():
-                work()
-                self.flush()
-                self.db.set_meta(written_at_epoch=repr(time.time()))
+            if not self.pending:
+                self.db.begin()
+                self.opened = time.monotonic()
+            self.pending.append(rel)
+            work()
+            self.flush()
         except (sqlite3.Error, OSError) as exc:
             self.said.clear()
-            if self.error is None:
-                self.error = exc
-            if rel:
-                self.unsafe.add(rel)
+            self._failed(exc)
             return False
+        except BaseException:  # Ctrl-C, a bug: a document half recorded must not be committed
+            self.said.clear()
+            self._failed(None)
+            raise
+        if len(self.pending) >= self.room or time.monotonic() - self.opened >= BATCH_SECONDS:
+            return self.settle()
         return True
+
+    def settle(self) -> bool:
+        """Commit the open transaction, if any; False when that failed (its documents are unsafe)."""
+        if not self.pending:
+            return True
+        try:
+            self.db.set_folder_mtimes(self.folder_mtimes)
+            self.db.set_meta(written_at_epoch=repr(time.time()))
+            self.db.end()
+        except (sqlite3.Error, OSError) as exc:
+            self._failed(exc)
+            return False
+        except BaseException:
+            self._failed(None)
+            raise
+        self.pending.clear()
+        self.folder_mtimes.clear()
+        self.room = min(2 * self.room, self.batch)
+        return True
+
+    def _failed(self, exc: Exception | None) -> None:
+        """The open transaction is lost: its documents are re-checked by the next run."""
+        self.db.abort()
+        if self.error is None and exc is not None:
+            self.error = exc
+        self.unsafe.update(rel for rel in self.pending if rel)
+        self.pending.clear()
+        self.folder_mtimes.clear()
 
 
 def fold(result: DocResult, run: Run, rev_width: int | None = None) -> None:
@@ -155,14 +215,17 @@ def _announce_writes(result: DocResult, prev: dict[str, Any], run: Run) -> None:
     known = set(prev.get("embeds") or ())  # empty for an entry from before (a migration): all text
     added = set(result.added)
     moved = added | set(result.changed)
-    base = event("ingest.write", run.run_id, run.generation)
+    # the envelope up to its last field, mem_hash, serialized once: each line adds its own
+    # fields from mem_hash on (the bytes ``orjson.dumps({**envelope, **fields})`` would give)
+    envelope = event("ingest.write", run.run_id, run.generation)
+    del envelope["mem_hash"]
+    lead = orjson.dumps(envelope)[:-1] + b","
     for i, file in enumerate(result.files):
         if file not in moved:
             continue
         chunk_id, digest = result.chunk_ids[i], result.hashes[i]
         text = result.embeds[i] not in known
-        line = {
-            **base,
+        fields = {
             "mem_hash": digest,
             "file": file,
             "id": result.ids[i],
@@ -172,26 +235,29 @@ def _announce_writes(result: DocResult, prev: dict[str, Any], run: Run) -> None:
             "change": "text" if text else "moved",
         }
         if before.get(file, chunk_id) != chunk_id:
-            line["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
-        run.said.append((orjson.dumps(line), feed_mod.key_of(line), "w", int(text)))
+            fields["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
+        run.said.append((lead + orjson.dumps(fields)[1:], "f\x1f" + file, "w", int(text)))
 
 
 def _seen_whole(run: Run, rel: str) -> None:
     """Record the mtime of the document's output folder, now that its files are as the state says.
 
     A later run that finds the folder with this mtime knows no file of it went (``_Folders``).
+    Written with the transaction's commit (``Run.settle``): the last mtime of each folder.
     """
     folder = rel.rpartition("/")[0]
     if not run.whole:  # a save in watch: the folder was not checked, so it is not known whole
+        run.folder_mtimes.pop(folder, None)
         run.db.forget_folders([folder])
         return
     run.recorded.add(folder)
     try:
         mtime = os.stat(run.opts.out / folder if folder else run.opts.out).st_mtime_ns
     except OSError:
+        run.folder_mtimes.pop(folder, None)
         run.db.forget_folders([folder])
         return
-    run.db.set_folder_mtimes({folder: mtime})
+    run.folder_mtimes[folder] = mtime
 
 
 def _remove(run: Run, rel: str, prev: dict[str, Any], stale: list[tuple[int, str]]) -> None:

@@ -97,15 +97,16 @@ def anchor(text: str) -> str:
         if stripped.startswith("#"):
             fallback = fallback or plain
             continue
+        end = _SENTENCE_END.search(plain)
         if not stripped.startswith("|"):  # a table row is a line of its own; a paragraph wraps
             parts = [stripped]
-            while not _SENTENCE_END.search(plain) and len(plain) < ANCHOR_CHARS:
+            while end is None and len(plain) < ANCHOR_CHARS:
                 more = next(lines, None)
                 if more is None or _ends_paragraph(more):
                     break
-                parts.append(_QUOTE_LEAD.sub("", more, count=1))
+                parts.append(_QUOTE_LEAD.sub("", more, count=1) if ">" in more else more)
                 plain = _plain(" ".join(parts))
-        end = _SENTENCE_END.search(plain)
+                end = _SENTENCE_END.search(plain)
         return _cap(plain[: end.start() + 1] if end else plain)
     return _cap(fallback or " ".join(text.split()))
 

@@ -12,7 +12,6 @@ import binascii
 import gzip
 import hashlib
 import importlib.resources
-import re
 import time
 from collections.abc import Callable
 from functools import cache
@@ -121,7 +120,11 @@ _ASCII_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 _NOT_LETTERS = bytes(b for b in range(128) if b not in _ASCII_LETTERS)
 #: A run of letters and digits this long is no word: hex, base64, a hash, a packed id.
-_DENSE_RUN = re.compile(rb"[A-Za-z0-9+/=_-]{24,}")
+_DENSE_MIN = 24
+_DENSE_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_-"
+#: ``bytes.translate`` table: a dense run's characters → ``a``, every other byte → a blank.
+_DENSE_MAP = bytes(0x61 if b in _DENSE_CHARS else 0x20 for b in range(256))
+_DENSE_RUN = b"a" * _DENSE_MIN
 
 
 def estimate_tokens(text: str) -> int:
@@ -139,9 +142,8 @@ def estimate_tokens(text: str) -> int:
     letters = ascii_chars - len(ascii_bytes.translate(None, _ASCII_LETTERS))
     spaces = text.count(" ")
     dense = 0
-    if ascii_chars >= 24:
-        for run in _DENSE_RUN.findall(ascii_bytes):  # letters there cost 1, not 1/3
-            dense += len(run.translate(None, _NOT_LETTERS)) * 2 // 3 + 1
+    if ascii_chars >= _DENSE_MIN:  # letters in a dense run cost 1, not 1/3
+        dense = _dense_extra(ascii_bytes)
     return (
         -(-letters // 3)
         + (ascii_chars - letters - spaces)
@@ -149,3 +151,23 @@ def estimate_tokens(text: str) -> int:
         + 2 * (len(text) - ascii_chars)
         + dense
     )
+
+
+def _dense_extra(ascii_bytes: bytes) -> int:
+    """What the dense runs of ``ascii_bytes`` add: per run, 2/3 of its letters and one more.
+
+    A run is a longest stretch of ``[A-Za-z0-9+/=_-]`` of at least 24 characters. Found in C:
+    the text mapped to ``a`` (a run's characters) and blanks, then searched for 24 ``a``:
+    the first hit is where a run starts (a run that started earlier would hit there first).
+    A regular expression tried a match at every position of the text: 4x the time.
+    """
+    mapped = ascii_bytes.translate(_DENSE_MAP)
+    extra = 0
+    start = mapped.find(_DENSE_RUN)
+    while start >= 0:
+        end = mapped.find(b" ", start + _DENSE_MIN)
+        if end < 0:
+            end = len(mapped)
+        extra += len(ascii_bytes[start:end].translate(None, _NOT_LETTERS)) * 2 // 3 + 1
+        start = mapped.find(_DENSE_RUN, end)
+    return extra
