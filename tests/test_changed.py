@@ -100,36 +100,34 @@ def test_the_warm_worker_writes_what_the_parent_loaded_pool_writes(
     assert kinds == [(e.event["event"], e.event.get("change")) for e in read_feed(ob)]
 
 
-def test_a_no_change_run_forks_no_worker(
-    twins: tuple[tuple[Path, Path], tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (corpus, out), _ = twins
-    spawned: list[bool] = []
+@pytest.fixture
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every worker the guard pool forks, as ``warm`` (forked early, loading the chunker itself) or not."""
+    forks: list[bool] = []
     real_spawn = GuardPool._spawn
 
     def counting_spawn(self: GuardPool, *, warm: bool = False) -> object:
-        spawned.append(warm)
+        forks.append(warm)
         return real_spawn(self, warm=warm)
 
     monkeypatch.setattr(GuardPool, "_spawn", counting_spawn)
+    return forks
+
+
+def test_a_no_change_run_forks_no_worker(
+    twins: tuple[tuple[Path, Path], tuple[Path, Path]], spawned: list[bool]
+) -> None:
+    (corpus, out), _ = twins
     summary = ingest(opts(corpus, out))
     assert summary.processed == 0 and summary.skipped == summary.documents > 0
     assert spawned == []
 
 
 def test_a_run_that_chunks_everything_with_several_jobs_loads_once_and_forks_them_all(
-    twins: tuple[tuple[Path, Path], tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
+    twins: tuple[tuple[Path, Path], tuple[Path, Path]], spawned: list[bool]
 ) -> None:
     """No warm worker: it would load the chunker while the parent loads it again for the next fork."""
     (corpus, out), (_, fresh) = twins
-    spawned: list[bool] = []
-    real_spawn = GuardPool._spawn
-
-    def counting_spawn(self: GuardPool, *, warm: bool = False) -> object:
-        spawned.append(warm)
-        return real_spawn(self, warm=warm)
-
-    monkeypatch.setattr(GuardPool, "_spawn", counting_spawn)
     for run in (
         Options(corpus=corpus, out=out, policy=POLICY, jobs=2, full=True),
         Options(corpus=corpus, out=fresh.parent / "empty", policy=POLICY, jobs=2),  # a first ingest
