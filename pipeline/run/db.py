@@ -201,11 +201,10 @@ class StateDB:
         )
 
     def add_meta(self, key: str, delta: int) -> None:
-        if delta:
-            self.set_meta(**{key: self.meta_int(key) + delta})
+        self.add_counts(**{key: delta})
 
     def add_counts(self, **deltas: int) -> None:
-        """``add_meta`` for several counters: one read and one write."""
+        """Add to integer counters in ``meta``: one read and one write for all of them."""
         deltas = {k: d for k, d in deltas.items() if d}
         if not deltas:
             return
@@ -264,29 +263,6 @@ class StateDB:
     def rels_with_uid_rev(self, uid_rev: str) -> list[tuple[str, int]]:
         rows = self.conn.execute("SELECT rel, rev_width FROM docs WHERE uid_rev=? ORDER BY rel", (uid_rev,))
         return [(r, int(w)) for r, w in rows]
-
-    def stamps(self) -> dict[str, tuple[Any, ...]]:
-        """Every document's freshness columns, for a whole-corpus run (no lists)."""
-        cols = ", ".join(_COLUMNS)
-        return {row[0]: row[1:] for row in self.conn.execute(f"SELECT rel, {cols} FROM docs")}
-
-    def sizes_mtimes(self) -> dict[str, tuple[int, int]]:
-        """Every document's size and mtime: what a whole-corpus run compares each ``stat`` with.
-
-        Two integer columns, so the cost per document is one small tuple; whether a
-        row was made under another policy or version is ``outdated``'s question.
-        """
-        return {
-            rel: (size, mtime)
-            for rel, size, mtime in self.conn.execute("SELECT rel, size, mtime_ns FROM docs")
-        }
-
-    def outdated(self, policy_hash: str, version: str) -> set[str]:
-        """Documents recorded under another policy or chunkyard version (one scan, in SQLite)."""
-        rows = self.conn.execute(
-            "SELECT rel FROM docs WHERE policy_hash<>? OR version<>?", (policy_hash, version)
-        )
-        return {r for (r,) in rows}
 
     def source_hash(self, rel: str) -> str | None:
         row = self.conn.execute("SELECT source_hash FROM docs WHERE rel=?", (rel,)).fetchone()
@@ -359,8 +335,7 @@ class StateDB:
         self._unsign(rel)
         for table in ("docs", "entries", "chunks"):
             self.conn.execute(f"DELETE FROM {table} WHERE rel=?", (rel,))
-        self.add_meta("chunks", -old[0])
-        self.add_meta("tokens", -old[1])
+        self.add_counts(chunks=-old[0], tokens=-old[1])
 
     # -- chunks ------------------------------------------------------------------------
 
@@ -473,7 +448,7 @@ class StateDB:
 
     def _unsign(self, rel: str) -> None:
         """A document's row changes: its folder's signature no longer vouches for it."""
-        self.conn.execute("DELETE FROM srcdirs WHERE folder=?", (rel[: rel.rfind("/") + 1],))
+        self.conn.execute("DELETE FROM srcdirs WHERE folder=?", (folder_of(rel),))
 
     def doc_folders(self) -> set[str]:
         """The folders (``a/b/``, ``""``) that hold a recorded document: one pass over an index."""
@@ -486,6 +461,11 @@ class StateDB:
             (policy_hash, version, folder),
         )
         return {rel: (size, mtime, bool(current)) for rel, size, mtime, current in rows}
+
+
+def folder_of(rel: str) -> str:
+    """A document's folder as ``srcdirs`` and ``FOLDER_OF`` name it: ``a/b/`` of ``a/b/c.md``, ``""`` at the root."""
+    return rel[: rel.rfind("/") + 1]
 
 
 def now_epoch() -> float:

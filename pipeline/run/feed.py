@@ -128,7 +128,12 @@ def key_of(event: dict[str, Any]) -> str:
     """What a line is about: a chunk file, or an old ``chunk_id`` (for retention)."""
     if event.get("event") == "ingest.redirect":
         return "r\x1f" + str(event.get("old", ""))
-    return "f\x1f" + str(event.get("file", ""))
+    return file_key(str(event.get("file", "")))
+
+
+def file_key(file: str) -> str:
+    """``key_of`` a line about the chunk file ``file``."""
+    return "f\x1f" + file
 
 
 def append(db: StateDB, events: list[bytes], keys: list[str], kinds: list[str], texts: list[int]) -> None:

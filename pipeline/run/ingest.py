@@ -17,7 +17,7 @@ from pipeline._version import __version__
 from pipeline.errors import UsageError
 from pipeline.models import DEFAULT_MAX_BYTES, Policy
 from pipeline.run import feed as feed_mod
-from pipeline.run.db import StateDB, StateError, db_path
+from pipeline.run.db import StateDB, StateError, db_path, folder_of
 from pipeline.run.discover import Found, Listed, discover, find_one
 from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.migrate import migrate
@@ -154,15 +154,19 @@ class _Folders:
         self.listings: dict[str, set[str] | None] = {}
         self.seen: dict[str, int] = {}  #: folder → mtime when listed now (recorded at the end)
 
+    def whole(self, folder: str) -> bool:
+        """The output folder is known to have lost no file (its recorded mtime holds)."""
+        if folder not in self.listings:
+            self.listings[folder] = self.listing(folder)
+        return self.listings[folder] is None
+
     def missing(self, rel: str) -> bool:
         if self.recorded is None:  # a few documents (a save in watch): a stat per chunk file
             return not all(os.path.exists(self.out / f) for f in self.db.files_of(rel))
         folder = rel.rpartition("/")[0]
-        if folder not in self.listings:
-            self.listings[folder] = self.listing(folder)
-        names = self.listings[folder]
-        if names is None:
+        if self.whole(folder):
             return False
+        names = self.listings[folder] or set()  # not None: the folder is not known whole
         return any(f.rpartition("/")[2] not in names for f in self.db.files_of(rel))
 
     def listing(self, folder: str) -> set[str] | None:
@@ -199,7 +203,7 @@ class _Scan:
         self.p_hash, self.version = session.p_hash, __version__
         self.recorded = {} if session.opts.full else self.db.signatures()
         self.out_folders = _Folders(session.opts.out, self.db, self.db.folder_mtimes())
-        self.recovering = {rel[: rel.rfind("/") + 1] for rel in session.recovering}
+        self.recovering = {folder_of(rel) for rel in session.recovering}
         self.stamps: dict[str, tuple[int, int]] = {}  #: rel → (size, mtime) in listed folders
         self.outdated: set[str] = set()  #: rows of listed folders made under another policy or version
         self.listed: dict[str, list[Listed]] = {}
@@ -222,13 +226,13 @@ class _Scan:
             return False
         self.walked.add(prefix)
         sig = self.sigs[prefix] = self.signature(listed)
-        if self.recorded.get(prefix) == sig and prefix not in self.recovering:
-            out, folder = self.out_folders, prefix[:-1]
-            if folder not in out.listings:
-                out.listings[folder] = out.listing(folder)
-            if out.listings[folder] is None:
-                self.skipped += len(listed)
-                return False
+        if (
+            self.recorded.get(prefix) == sig
+            and prefix not in self.recovering
+            and self.out_folders.whole(prefix[:-1])
+        ):
+            self.skipped += len(listed)
+            return False
         for rel, (size, mtime, current) in self.db.folder_stamps(prefix, self.p_hash, self.version).items():
             self.stamps[rel] = (size, mtime)
             if not current:
@@ -593,7 +597,6 @@ class Session:
         # the common case first, inline: the stat the walk took is the one recorded, not racy,
         # and the output folder is known whole (``_Folders``); anything else takes the long way
         trusted_before = int((since - _RACY_SECONDS) * 1e9)
-        listings = folders.listings
         intact = not opts.full and folders.recorded is not None
         for f in found:
             rel = f.rel_path
@@ -606,13 +609,10 @@ class Session:
                 and f.mtime_ns < trusted_before
                 and rel not in outdated
                 and rel not in self.recovering
+                and folders.whole(rel.rpartition("/")[0])
             ):
-                folder = rel.rpartition("/")[0]
-                if folder not in listings:
-                    listings[folder] = folders.listing(folder)
-                if listings[folder] is None:
-                    summary.skipped += 1
-                    continue
+                summary.skipped += 1
+                continue
             forced = (
                 opts.full
                 or f.rel_path in self.recovering

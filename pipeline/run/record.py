@@ -236,7 +236,7 @@ def _announce_writes(result: DocResult, prev: dict[str, Any], run: Run) -> None:
         }
         if before.get(file, chunk_id) != chunk_id:
             fields["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
-        run.said.append((lead + orjson.dumps(fields)[1:], "f\x1f" + file, "w", int(text)))
+        run.said.append((lead + orjson.dumps(fields)[1:], feed_mod.file_key(file), "w", int(text)))
 
 
 def _seen_whole(run: Run, rel: str) -> None:
