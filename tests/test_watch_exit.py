@@ -146,3 +146,25 @@ def test_a_deleted_corpus_root_stops_watch_with_exit_1_and_keeps_the_chunks(tmp_
     finally:
         watch.close()
     assert (out / "doc_a__ch0.json").exists()  # a vanished corpus is no reason to delete the chunks
+
+
+def test_a_slow_rm_rf_of_the_corpus_keeps_the_chunks_of_documents_unlinked_first(tmp_path: Path) -> None:
+    """``rm -rf`` unlinks the documents, then the folder: a sync in between (the debounce is
+    50 ms, a loaded machine can pause ``rm`` longer) would delete their chunks. Deletions wait
+    ``DELETE_GRACE`` (0.5 s) for the root to go first; this ``rm`` pauses 0.2 s."""
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    (corpus / "a.md").write_text("# A\n\nText.\n")
+    (corpus / "b.md").write_text("# B\n\nText.\n")
+    watch = Watch(corpus, out)
+    try:
+        watch.next_event("ready")
+        (corpus / "a.md").unlink()
+        time.sleep(0.2)
+        shutil.rmtree(corpus)
+        watch.next_event("error")
+        assert watch.wait() == 1
+    finally:
+        watch.close()
+    assert not [e for e in watch.events if e["event"] == "removed"], "a sync ran between the unlink and the rmdir"
+    assert {p.name for p in out.glob("doc_*.json")} == {"doc_a__ch0.json", "doc_b__ch0.json"}

@@ -69,6 +69,10 @@ DEFAULT_DEBOUNCE = 0.05
 MAX_DELAY = 1.0
 #: How often the polling observer scans the corpus.
 POLL_INTERVAL = 0.25
+#: A sync that would delete documents waits this long after their last event first: ``rm -rf``
+#: of the whole corpus unlinks its documents before the folder, and removing their chunks
+#: in between would undo "a vanished corpus keeps its chunks".
+DELETE_GRACE = 0.5
 
 # inotify re-adds the watch of a folder moved out and back in, and says so on stderr
 warnings.filterwarnings("ignore", "Callback with id", RuntimeWarning, r"watchdog\.")
@@ -329,15 +333,20 @@ class Watcher:
         The pool forks, so it runs before any observer thread exists; later syncs are small
         and run in this thread.
         """
-        self._run_sync(None, initial=True)
+        first = self._run_sync(None, initial=True, hold=True)
         if self.fatal is not None:
+            self._emit(first)
             return
         self._session.opts = replace(self.opts, jobs=1, full=False)
         with self._cond:
             if self._stopping:
+                self._emit(first)
                 return
             self._observer = self._start_observer()
-        self._run_sync(None, initial=False, quiet_if_idle=True)
+        catch_up = self._run_sync(None, initial=False, quiet_if_idle=True, hold=True)
+        # the first report goes out once events flow: an edit made after it is seen by inotify
+        self._emit(first)
+        self._emit(catch_up)
         self.ready.set()
 
     def _start_observer(self) -> BaseObserver:
@@ -436,6 +445,11 @@ class Watcher:
             }
             if not paths:
                 return
+            deleted = [p for p in paths if not (opts.corpus / p).is_file()]
+            if deleted:
+                self._grace(max(m.last for m in batch.values()) + DELETE_GRACE)
+            if self.fatal is not None:
+                return
             if not opts.corpus.is_dir():  # syncing now would remove every chunk
                 self.corpus_gone()
                 return
@@ -446,6 +460,12 @@ class Watcher:
             with self._cond:
                 self._syncing = False
 
+    def _grace(self, until: float) -> None:
+        """Wait until ``until`` (monotonic), or until watch stops or the corpus goes."""
+        with self._cond:
+            while not self._stopping and self.fatal is None and (left := until - time.monotonic()) > 0:
+                self._cond.wait(left)
+
     def _run_sync(
         self,
         paths: list[str] | None,
@@ -454,8 +474,10 @@ class Watcher:
         since: float | None = None,
         renames: dict[str, str] | None = None,
         quiet_if_idle: bool = False,
-    ) -> None:
-        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync``.
+        hold: bool = False,
+    ) -> SyncReport | None:
+        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync`` (returned instead
+        with ``hold``; None when ``quiet_if_idle`` and there was nothing to do).
 
         Only what the report needs is kept of each result (never its chunk lists), and the
         state is asked about the documents synced, never the whole corpus.
@@ -473,10 +495,11 @@ class Watcher:
         except Exception as exc:  # noqa: BLE001 - a bug or a full disk: report it, keep watching
             ms = (time.monotonic() - started) * 1000
             report = SyncReport(Summary(""), (), ms, 0.0, initial, f"sync failed: {exc!r}")
-            self._emit(report)
             if initial:
                 self.fatal = report.error
-            return
+            if not hold:
+                self._emit(report)
+            return report
         ended = time.monotonic()
         gone = self._session.gone
         names = set(results) | set(gone) if paths is None else set(paths)
@@ -490,12 +513,15 @@ class Watcher:
             else:
                 self.failing.pop(change.path, None)
         if quiet_if_idle and not summary.processed and not summary.removed and not summary.failures:
-            return
+            return None
         latency = (ended - since) * 1000 if since is not None else 0.0
-        self._emit(SyncReport(summary, changes, (ended - started) * 1000, latency, initial))
+        report = SyncReport(summary, changes, (ended - started) * 1000, latency, initial)
+        if not hold:
+            self._emit(report)
+        return report
 
-    def _emit(self, report: SyncReport) -> None:
-        if self.on_sync is not None:
+    def _emit(self, report: SyncReport | None) -> None:
+        if report is not None and self.on_sync is not None:
             self.on_sync(report)
 
 
