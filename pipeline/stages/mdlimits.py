@@ -49,7 +49,7 @@ markdown-it (``tests/fuzz_regressions/``):
 - its patterns use Python's Unicode ``\\s`` and ``\\d`` where CommonMark means ASCII:
   ``#``+NBSP opened a heading, ``١. x`` and ``. x`` opened ordered lists, and a line
   indented by spaces then a Unicode blank (U+2028) did not continue a list item; and
-  an HTML block or a link definition opened after a form feed or an NBSP.
+  an HTML block or a link definition opened, or a quote went on, after a form feed or an NBSP.
   (A line of nothing but Unicode blanks, blank to mistletoe and text to CommonMark, is
   shown to mistletoe with a stand-in: see ``parse._visible_blanks``.)
 
@@ -233,8 +233,8 @@ def _read_quote(cls: Any, lines: Any) -> Any:
         and next_line.strip() != ""
         and not _interrupts(breaking_tokens, lines, lazy, _quoted)
     ):
-        stripped = cls.convert_leading_tabs(next_line.lstrip())
-        if stripped[0] == ">":
+        if _quoted(next_line):
+            stripped = cls.convert_leading_tabs(next_line.lstrip(" "))
             prepend = 2 if stripped[1:2] == " " else 1
             stripped = stripped[prepend:]
             line_buffer.append(stripped)
@@ -252,8 +252,10 @@ def _read_quote(cls: Any, lines: Any) -> Any:
 
 
 def _quoted(row: str) -> bool:
-    """A line that goes on with a quote by its mark (as ``_read_quote`` tells one)."""
-    return row.lstrip()[:1] == ">"
+    """A line that goes on with a quote by its mark: as ``Quote.start`` opens one, up to three
+    spaces then ``>``. mistletoe's own ``read`` skipped any blanks (``lstrip()``), so an NBSP
+    line of a lazy paragraph went on as a quote line (CommonMark: NBSP is text)."""
+    return bool(block_token.Quote.start(row))
 
 
 def _interrupts(breaking_tokens: list[Any], lines: Any, lazy: Blocks, goes_on: Callable[[str], bool]) -> bool:
