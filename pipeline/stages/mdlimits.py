@@ -255,7 +255,7 @@ def _quoted(row: str) -> bool:
     """A line that goes on with a quote by its mark: as ``Quote.start`` opens one, up to three
     spaces then ``>``. mistletoe's own ``read`` skipped any blanks (``lstrip()``), so an NBSP
     line of a lazy paragraph went on as a quote line (CommonMark: NBSP is text)."""
-    return bool(block_token.Quote.start(row))
+    return bool(block_token.Quote.start(row))  # type: ignore[no-untyped-call]
 
 
 def _interrupts(breaking_tokens: list[Any], lines: Any, lazy: Blocks, goes_on: Callable[[str], bool]) -> bool:
