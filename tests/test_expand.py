@@ -142,6 +142,22 @@ def test_ranked_only_grows_toward_the_better_ranked_neighbour_first(spans):
     assert plain["chunk_ids"] == [middle.chunk_id, last.chunk_id]
 
 
+def test_depth_limits_which_ranked_neighbours_may_join(spans):
+    run = section_runs(spans)[0]
+    other = [s for s in spans.values() if s.source != run[0].source][:3]
+    budget = sum(s.tokens for s in run)
+    ranked = [item(run[1]), *(item(s) for s in other), item(run[2])]  # the neighbour after ranks 5th
+    [first, *_] = expand(ranked, spans.get, budget=budget, ranked_only=True, depth=4)
+    assert first["chunk_ids"] == [run[1].chunk_id]  # the 5th is beyond the depth: a wall
+    [first, *_] = expand(ranked, spans.get, budget=budget, ranked_only=True, depth=5)
+    assert first["chunk_ids"] == [run[1].chunk_id, run[2].chunk_id]
+    # the hits below the depth stay chunks: the 5th and a 6th next to it do not merge
+    low = expand([*ranked, item(run[0])], spans.get, budget=budget, ranked_only=True, depth=4)
+    assert [g["chunk_ids"] for g in low[-2:]] == [[run[2].chunk_id], [run[0].chunk_id]]
+    with pytest.raises(ValueError, match="depth"):
+        expand(ranked, spans.get, ranked_only=True, depth=0)
+
+
 def test_chunk_files_reads_the_same_spans_lazily(chunk_dir, spans):
     """From a hit's own file, neighbours are found by SPEC §2's file naming: the same spans as reading all."""
     files = {orjson.loads(p.read_bytes())["chunk_id"]: p.relative_to(chunk_dir).as_posix()

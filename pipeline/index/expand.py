@@ -127,6 +127,7 @@ def expand(
     ranked_only: bool = False,
     count: Callable[[str], int] | None = None,
     scope: str = "section",
+    depth: int | None = None,
 ) -> list[dict[str, Any]]:
     """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
 
@@ -137,7 +138,8 @@ def expand(
     the passage's (set as ``text``); without it, ``text`` and ``originalText`` are dropped.
     With ``ranked_only``, a passage grows only into neighbours that are among ``items``
     themselves (adjacent hits merge into one passage at the better rank; an unranked
-    neighbour spends no budget).
+    neighbour spends no budget); with ``depth`` too, only among the first ``depth`` items (so
+    the hits ranked lower stay chunks: their ranked neighbours have passages of their own).
 
     With ``count`` (and ``text_of``), a passage's size is ``count`` of its own text (chunks
     overlap, so the sum of their tokens overstates it): the budget holds for ``tokens``
@@ -149,7 +151,10 @@ def expand(
     """
     if scope not in SCOPES:
         raise ValueError(f"unknown passage scope {scope!r} (hint: one of {', '.join(SCOPES)})")
-    within = {id_of(item): r for r, item in enumerate(items)} if ranked_only else None
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be 1 or more, got {depth}")
+    ranked = items[:depth] if depth is not None else items
+    within = {id_of(item): r for r, item in enumerate(ranked)} if ranked_only else None
     size: Size = _sum_tokens
     if count is not None and text_of is not None:
         measure, read = count, text_of

@@ -22,12 +22,13 @@ the z-score sum over the weights' sum, RRF divided by its maximum 2/61), so it n
 ties that the raw scores did not have.
 
 Passages (issue 17): by default each hit is merged with the neighbours of its document that
-the search ranked too, across headings (``passage_scope="document"``; ``"section"`` keeps a
-passage inside the hit's section, as before), up to ``expand_tokens`` (768) tokens of text,
-into one item: one citation span (``offsets`` cover the passage, ``text`` is exactly that slice of the source,
-``chunk_ids`` lists the merged chunks, hit first, ``tokens`` counts the passage). The merge
-looks at a pool of at least ``FUSE_DEPTH`` ranked chunks, then the best ``k`` passages are
-returned, so ``-k 5`` gives the first five of ``-k 50``'s. A document whose source changed
+the search ranked in its first ``MERGE_DEPTH`` (30), across headings
+(``passage_scope="document"``; ``"section"`` keeps a passage inside the hit's section),
+the better-ranked neighbour first, up to ``expand_tokens`` (768) tokens of text, into one
+item: one citation span (``offsets`` cover the passage, ``text`` is exactly that slice of
+the source, ``chunk_ids`` lists the merged chunks, hit first, ``tokens`` counts the
+passage). The merge looks at a pool of at least ``FUSE_DEPTH`` ranked chunks, then the best
+``k`` passages are returned, so ``-k 5`` gives the first five of ``-k 50``'s. A document whose source changed
 since it was chunked is not merged (its hits stay chunks; a warning names it).
 ``expand_tokens=0`` (``--no-expand``) returns plain chunks.
 """
@@ -59,6 +60,10 @@ MISSING_Z = -3.0
 #: Each ranker's list in hybrid mode is this deep (or k, when k is larger).
 FUSE_DEPTH = 50
 SCHEMA_VERSION = "1.0.0"
+#: A passage grows only into neighbours ranked this high in the pool (hits ranked lower stay
+#: chunks): 25-35 are equally good on the gold sets; the whole pool of 50 spends the prompt's
+#: budget on text ranked 40th (docs/benchmarks.md).
+MERGE_DEPTH = 30
 #: A substring fallback (a query with no BM25 term, or none that matched) looks at most this far.
 MAX_NEEDLE = 200
 
@@ -269,7 +274,14 @@ class Searcher:
             return (self._source_text(source) or "")[start:end]
 
         merged = expand(
-            items, lookup, budget, text_of=text_of, ranked_only=True, count=self._count, scope=self.passage_scope
+            items,
+            lookup,
+            budget,
+            text_of=text_of,
+            ranked_only=True,
+            count=self._count,
+            scope=self.passage_scope,
+            depth=MERGE_DEPTH,
         )
         for item in merged:
             item.setdefault("chunk_ids", [item["chunk_id"]])
