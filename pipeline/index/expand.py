@@ -1,4 +1,4 @@
-"""Search-time expansion: a hit plus its neighbours in the same section, as one citation span.
+"""Search-time expansion: a hit plus its neighbours in its section or document, as one citation span.
 
 A chunk is cut to fit a budget, so the answer to a question often starts in one chunk and
 ends in the next, or a hit is a heading's first paragraph while the lines that answer come
