@@ -286,7 +286,7 @@ def main() -> None:
     ap.add_argument("--chunkers", default="", help="comma-separated subset (default: all); chunkyard-N, "
                     "chunkyard-wpN (wordpiece budget), chunkyard-N-original (no breadcrumb), or a peer")
     ap.add_argument("--variants", default="search,search+merge0",
-                    help="search-side variants: search[+merge<B>|+expand<B>|+rrf<K>|+wd<W>][@<set>] (chunkyard's own "
+                    help="search-side variants: search[+merge<B>|+expand<B>|+rrf<K>|+wd<W>|+section][@<set>] (chunkyard's own "
                     "index and search, default settings unless changed), <set>+merge<B> / <set>+expand<B> "
                     "(stand-in, hit + ranked / any same-section neighbours, B tokens), "
                     "<set>+multi<W> (several vectors per chunk, windows of W wordpieces)")

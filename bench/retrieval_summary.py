@@ -67,7 +67,9 @@ def main() -> None:
         if args.compact:
             print(compact(corpus, rows, [(args.ours, f"**chunkyard search ({args.ours}), default settings**"),
                                          ("search+rrf60", "chunkyard search, fused by RRF k = 60"),
+                                         ("search+section", "chunkyard search, passages within the hit's section"),
                                          ("search+merge0", "chunkyard search --no-expand"),
+                                         ("search@chunkyard-384", "chunkyard search, 384-token chunks"),
                                          ("search@chunkyard-512", "chunkyard search, 512-token chunks (before 0.4.0)")]))
 
 

@@ -11,7 +11,9 @@ embeds only what it adds:
   (the ingest default's budget), with the bench's cached embedder. Options after ``+``,
   joined by ``+``, change one setting each: ``merge<B>`` (passage budget; ``merge0`` = plain
   chunks), ``expand<B>`` (plain search, then growth into unranked neighbours too),
-  ``rrf<K>`` (reciprocal rank fusion with constant K instead of the default z-score fusion), ``wd<W>`` (dense weight in tenths, BM25 weight 1), and
+  ``rrf<K>`` (reciprocal rank fusion with constant K instead of the default z-score fusion), ``wd<W>`` (dense weight in tenths, BM25 weight 1),
+  ``section`` (passages kept inside the hit's section instead of growing across headings
+  within its document), and
   ``@<set>`` at the end another chunk set (``search+merge512@chunkyard-256``).
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
@@ -175,6 +177,9 @@ def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
     options: dict[str, Any] = {}
     grow = 0
     for part in [p for p in rest.split("+") if p]:
+        if part == "section":  # passages kept inside the hit's section (the default before they crossed headings)
+            options["passage_scope"] = "section"
+            continue
         m = re.fullmatch(r"(merge|expand|rrf|wd)(\d+)", part)
         if m is None:
             return None

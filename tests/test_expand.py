@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import orjson
@@ -84,6 +85,22 @@ def test_a_passage_never_crosses_its_section_or_its_budget(spans):
             assert got["chunk_ids"] == [span.chunk_id]  # too big to grow: alone
 
 
+def test_document_scope_grows_across_headings_but_not_across_documents(spans):
+    budget = 160
+    crossed = 0
+    for span in spans.values():
+        [got] = expand([item(span)], spans.get, budget=budget, scope="document")
+        members = sorted((spans[c] for c in got["chunk_ids"]), key=lambda m: m.start)
+        assert {m.source for m in members} == {span.source}
+        assert all(a.next_id == b.chunk_id for a, b in pairwise(members))  # one run: one span
+        assert got["tokens"] <= max(budget, span.tokens)
+        assert got["chunk_ids"][0] == span.chunk_id
+        crossed += len({m.section_id for m in members}) > 1
+    assert crossed >= 10, "corpus/ at 64 tokens has short sections: passages cross headings"
+    with pytest.raises(ValueError, match="unknown passage scope"):
+        expand([item(next(iter(spans.values())))], spans.get, scope="page")
+
+
 def test_later_hits_inside_an_earlier_passage_are_dropped_and_unknown_items_pass(spans):
     run = section_runs(spans)[0]
     unknown = {"chunk_id": "elsewhere", "source": "x.md", "offsets": {"start": 0, "end": 5}, "text": "hello"}
@@ -109,6 +126,36 @@ def test_ranked_only_merges_adjacent_hits_and_skips_unranked_neighbours(spans):
     # without ranked_only the unranked first chunk joins too
     [whole, _] = expand([item(run[1]), item(other)], spans.get, budget=budget)
     assert run[0].chunk_id in whole["chunk_ids"]
+
+
+def test_ranked_only_grows_toward_the_better_ranked_neighbour_first(spans):
+    run = section_runs(spans)[0]
+    first, middle, last = run[0], run[1], run[2]
+    budget = middle.tokens + max(first.tokens, last.tokens)  # room for one neighbour only
+    # the chunk before the hit ranked better than the one after: it is taken, not the one after
+    got = expand([item(middle), item(first), item(last)], spans.get, budget=budget, ranked_only=True)
+    assert got[0]["chunk_ids"] == [middle.chunk_id, first.chunk_id]
+    # the other way round, and without ranks (plain growth): the one after, as always
+    got = expand([item(middle), item(last), item(first)], spans.get, budget=budget, ranked_only=True)
+    assert got[0]["chunk_ids"] == [middle.chunk_id, last.chunk_id]
+    [plain] = expand([item(middle)], spans.get, budget=budget)
+    assert plain["chunk_ids"] == [middle.chunk_id, last.chunk_id]
+
+
+def test_depth_limits_which_ranked_neighbours_may_join(spans):
+    run = section_runs(spans)[0]
+    other = [s for s in spans.values() if s.source != run[0].source][:3]
+    budget = sum(s.tokens for s in run)
+    ranked = [item(run[1]), *(item(s) for s in other), item(run[2])]  # the neighbour after ranks 5th
+    [first, *_] = expand(ranked, spans.get, budget=budget, ranked_only=True, depth=4)
+    assert first["chunk_ids"] == [run[1].chunk_id]  # the 5th is beyond the depth: a wall
+    [first, *_] = expand(ranked, spans.get, budget=budget, ranked_only=True, depth=5)
+    assert first["chunk_ids"] == [run[1].chunk_id, run[2].chunk_id]
+    # the hits below the depth stay chunks: the 5th and a 6th next to it do not merge
+    low = expand([*ranked, item(run[0])], spans.get, budget=budget, ranked_only=True, depth=4)
+    assert [g["chunk_ids"] for g in low[-2:]] == [[run[2].chunk_id], [run[0].chunk_id]]
+    with pytest.raises(ValueError, match="depth"):
+        expand(ranked, spans.get, ranked_only=True, depth=0)
 
 
 def test_chunk_files_reads_the_same_spans_lazily(chunk_dir, spans):

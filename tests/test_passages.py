@@ -1,6 +1,7 @@
 """``chunkyard search`` returns passages by default: a hit merged with the ranked neighbours of its
-section, one citation span that slices the source exactly, within the token budget, and
-accepted by ``check-citations`` as it comes out of ``search --json`` (issue 17)."""
+document (across headings; of its section with ``passage_scope="section"``), one citation span
+that slices the source exactly, within the token budget, and accepted by ``check-citations`` as
+it comes out of ``search --json`` (issue 17)."""
 
 from __future__ import annotations
 
@@ -59,12 +60,15 @@ def records(indexed: tuple[Path, Path]) -> dict[str, dict[str, Any]]:
     return {r["chunk_id"]: r for r in recs}
 
 
-def check_passages(record: dict[str, Any], corpus: Path, records: dict[str, dict[str, Any]], budget: int) -> int:
-    """Every item a valid passage; the number of items that merged more than one chunk."""
+def check_passages(
+    record: dict[str, Any], corpus: Path, records: dict[str, dict[str, Any]], budget: int, scope: str = "document"
+) -> tuple[int, int]:
+    """Every item a valid passage; the number of items that merged more than one chunk, and of
+    those that crossed a heading (chunks of more than one section)."""
     VALIDATOR.validate(record)
     sources = Sources(corpus)
     count = Counter("cl100k_base").count
-    merged = 0
+    merged = crossed = 0
     seen: set[str] = set()
     for item in record["items"]:
         start, end = item["offsets"]["start"], item["offsets"]["end"]
@@ -74,7 +78,11 @@ def check_passages(record: dict[str, Any], corpus: Path, records: dict[str, dict
         assert not seen & set(ids), "a chunk is cited by one passage only"
         seen.update(ids)
         members = [records[c] for c in ids]
-        assert {(m["doc_id"], m["section_id"]) for m in members} == {(item["doc_id"], item["section_id"])}
+        assert {m["doc_id"] for m in members} == {item["doc_id"]}
+        assert members[0]["section_id"] == item["section_id"]  # the hit's section, whatever the passage crosses
+        if scope == "section":
+            assert {m["section_id"] for m in members} == {item["section_id"]}
+        crossed += len({m["section_id"] for m in members}) > 1
         assert start == min(m["charOffsets"]["charStart"] for m in members)
         assert end == max(m["charOffsets"]["charEnd"] for m in members)
         assert item["lineSpan"]["lineStart"] == min(m["lineSpan"]["lineStart"] for m in members)
@@ -86,24 +94,39 @@ def check_passages(record: dict[str, Any], corpus: Path, records: dict[str, dict
             assert all(a["nextId"] == b["id"] for a, b in pairwise(chain))
         else:
             assert item["tokens"] == members[0]["tokenStats"]["tokens"]
-    return merged
+    return merged, crossed
 
 
 def test_default_items_are_passages_that_slice_the_source_within_the_budget(indexed, records) -> None:
     from pipeline.index.query import Searcher
 
     corpus, out = indexed
-    merged = 0
-    with Searcher(out) as searcher:
-        assert searcher.expand_tokens == DEFAULT_BUDGET
-        for budget in (DEFAULT_BUDGET, 120):
-            for mode in ("hybrid", "dense", "bm25"):
-                for query in QUERIES:
-                    record = searcher.record(query, 20, mode, expand_tokens=budget)
-                    assert record["expand_tokens"] == budget and not record["warnings"]
-                    assert [i["k_final"] for i in record["items"]] == list(range(1, len(record["items"]) + 1))
-                    merged += check_passages(record, corpus, records, budget)
-    assert merged >= 10, "64-token chunks: ranked neighbours of one section merge often"
+    for scope in ("document", "section"):
+        merged = crossed = 0
+        with Searcher(out, **({} if scope == "document" else {"passage_scope": scope})) as searcher:
+            assert searcher.expand_tokens == DEFAULT_BUDGET
+            for budget in (DEFAULT_BUDGET, 120):
+                for mode in ("hybrid", "dense", "bm25"):
+                    for query in QUERIES:
+                        record = searcher.record(query, 20, mode, expand_tokens=budget)
+                        assert record["expand_tokens"] == budget and not record["warnings"]
+                        assert [i["k_final"] for i in record["items"]] == list(range(1, len(record["items"]) + 1))
+                        m, c = check_passages(record, corpus, records, budget, scope)
+                        merged, crossed = merged + m, crossed + c
+        assert merged >= 10, "64-token chunks: ranked neighbours merge often"
+        if scope == "document":
+            assert crossed >= 3, "by default a passage runs across headings of its document"
+        else:
+            assert crossed == 0
+
+
+def test_an_unknown_passage_scope_is_refused(indexed) -> None:
+    from pipeline.errors import UsageError
+    from pipeline.index.query import Searcher
+
+    _, out = indexed
+    with pytest.raises(UsageError, match="unknown passage scope 'page'"):
+        Searcher(out, passage_scope="page")
 
 
 def test_passages_are_deterministic_and_the_first_k_do_not_depend_on_k(indexed) -> None:
@@ -162,11 +185,21 @@ def test_check_citations_accepts_a_passage_copied_from_search_and_refuses_a_tamp
         return report
 
     assert check(passage)["code"] == "ok"
+    # a passage that runs across a heading (chunks of two sections of one document) is valid too
+    crossing = None
+    for query in QUERIES:
+        listed = runner.invoke(app, ["search", query, "--out", str(out), "--json", "-k", "20"])
+        crossing = crossing or next(
+            (i for i in json.loads(listed.stdout)["items"] if len({records[c]["section_id"] for c in i["chunk_ids"]}) > 1),
+            None,
+        )
+    assert crossing is not None, "some passage of the five queries crosses a heading"
+    assert check(crossing)["code"] == "ok"
     # without chunk_ids the span is larger than the one chunk it names: 001's bad_offsets
     plain = {k: v for k, v in passage.items() if k != "chunk_ids"}
     assert check(plain)["code"] == "bad_offsets"
-    # a chunk of another section listed in the passage
-    other = next(c for c, r in records.items() if r["section_id"] != passage["section_id"])
+    # a chunk of another document listed in the passage
+    other = next(c for c, r in records.items() if r["doc_id"] != passage["doc_id"])
     assert check({**passage, "chunk_ids": [*passage["chunk_ids"], other]})["code"] == "bad_passage"
     # the hit not among its chunk_ids
     assert check({**passage, "chunk_ids": passage["chunk_ids"][1:]})["code"] == "bad_passage"

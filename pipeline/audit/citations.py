@@ -60,7 +60,7 @@ CODES: dict[str, tuple[str, str]] = {
     "source_mismatch": ("source_url is not the chunk's source_url", _REBUILD),
     "tokens_mismatch": ("tokens differs from the chunk's count for the whole chunk", _REBUILD),
     "bad_passage": (
-        "chunk_ids does not name one run of chunks of the cited chunk's section, snippet_id among them",
+        "chunk_ids does not name one run of chunks of the cited chunk's document, snippet_id among them",
         "copy the passage from `chunkyard search --json` (chunk_ids, offsets and tokens together)",
     ),
     "unreadable_chunk": ("the chunk file behind the snippet cannot be read", "run `chunkyard validate`"),
@@ -331,9 +331,10 @@ def _passage_span(
 ) -> tuple[int, int] | None:
     """The ``[start, end)`` a passage citation may cover: the union of its ``chunk_ids``.
 
-    ``chunkyard search`` merges a hit with ranked neighbours of its section into one
-    passage and names them in ``chunk_ids``. Its offsets are valid when those chunks
-    are live, of the hit's document and section, the hit among them, and one run of the
+    ``chunkyard search`` merges a hit with ranked neighbours of its document (across
+    headings; of its section with ``passage_scope="section"``) into one passage and names
+    them in ``chunk_ids``. Its offsets are valid when those chunks
+    are live, of the hit's document, the hit among them, and one run of the
     document's chain (in source order each one's ``nextId`` is the next one's ``id``: no
     chunk skipped; the whitespace between two chunks belongs to the passage). ``None``: not
     a passage (no ``chunk_ids``, or only the hit), or a bad one (``bad_passage`` added).
@@ -355,14 +356,13 @@ def _passage_span(
         )
         if member is None:
             return None  # its own finding (unknown or redirected snippet) says why
-        if (member["doc_id"], member["section_id"]) != (rec["doc_id"], rec["section_id"]):
+        if member["doc_id"] != rec["doc_id"]:
             report.problems.append(
                 Finding(
                     "bad_passage",
                     where,
                     "chunk_ids",
-                    f"{chunk_id!r} is in section {member['section_id']} of {member['doc_id']}, "
-                    f"not the cited chunk's {rec['section_id']} of {rec['doc_id']}",
+                    f"{chunk_id!r} is in document {member['doc_id']}, not the cited chunk's {rec['doc_id']}",
                 )
             )
             return None

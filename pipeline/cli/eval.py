@@ -59,7 +59,7 @@ ExpandOpt = Annotated[
         "--expand",
         min=0,
         metavar="TOKENS",
-        help="Merge each hit with its ranked same-section neighbours up to TOKENS, cited as one span "
+        help="Merge each hit with its ranked neighbours (across headings) up to TOKENS, cited as one span "
         "(0 = off), exactly as `chunkyard search` does.",
     ),
 ]

@@ -145,15 +145,15 @@ def search_cmd(
             "--expand",
             min=0,
             metavar="TOKENS",
-            help="Merge each hit with its ranked same-section neighbours into one passage of at most "
-            "TOKENS, cited as one span (0 = off).",
+            help="Merge each hit with its ranked neighbours in its document (across headings) into one "
+            "passage of at most TOKENS, cited as one span (0 = off).",
         ),
     ] = DEFAULT_BUDGET,
     no_expand: Annotated[
         bool, typer.Option("--no-expand", help="Plain chunks, no passages (= --expand 0).")
     ] = False,
 ) -> None:
-    """Search the index: ranked passages (a hit and its ranked section neighbours) with their source,
+    """Search the index: ranked passages (a hit and its ranked neighbours) with their source,
     lines and citation payload."""
     from pipeline.index.query import search
     from pipeline.index.store import IndexMismatchError

@@ -1,4 +1,4 @@
-"""Search-time expansion: a hit plus its neighbours in the same section, as one citation span.
+"""Search-time expansion: a hit plus its neighbours in its section or document, as one citation span.
 
 A chunk is cut to fit a budget, so the answer to a question often starts in one chunk and
 ends in the next, or a hit is a heading's first paragraph while the lines that answer come
@@ -8,17 +8,19 @@ chunk's ``section_id`` and its ``prev``/``next`` links), so a search can return 
 ``[start, end)`` that slices the source exactly, like any chunk's.
 
 ``expand`` is pure: ranked items, a chunk lookup and a token budget in, expanded items
-out. Per hit, in rank order: take the neighbour after, then the one before, alternately,
-while it is in the same document and section and the passage stays within ``budget``
-tokens; a later hit already inside an earlier passage is dropped (it would cite the same
-text twice). An item keeps the hit's fields (id, scores) with the passage's ``offsets``,
+out. Per hit, in rank order: take the neighbour after, then the one before, alternately
+(with ``ranked_only``: the better-ranked of the two first), while it is in the same document
+and section (``scope="section"``, the default here) or only the same document
+(``scope="document"``: a passage may run across a heading, as ``chunkyard search`` merges
+ranked neighbours) and the passage stays within ``budget`` tokens; a later hit already
+inside an earlier passage is dropped (it would cite the same text twice). An item keeps the hit's fields (id, scores) with the passage's ``offsets``,
 ``tokens`` and the ``chunk_ids`` it spans, hit first.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ import orjson
 #: Default passage size in tokens: measured best on the gold sets with 256-token chunks
 #: (docs/benchmarks.md): three chunks' worth, a hit and the ranked neighbours around it.
 DEFAULT_BUDGET = 768
+#: How far a passage may grow: within the hit's section, or anywhere in its document.
+SCOPES = ("section", "document")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,35 +67,54 @@ def _passage(
     lookup: Lookup,
     budget: int,
     taken: set[str],
-    within: Collection[str] | None,
+    within: Mapping[str, int] | None,
     size: Size = _sum_tokens,
+    scope: str = "section",
 ) -> list[ChunkSpan]:
-    """The hit and its same-section neighbours, after first then before, within ``budget`` tokens
-    as ``size`` counts them (a chunk already in an earlier passage is a wall, and so is one
-    outside ``within``)."""
+    """The hit and its neighbours in its section (or, ``scope="document"``, its document), within
+    ``budget`` tokens as ``size`` counts them (a chunk already in an earlier passage is a wall,
+    and so is one outside ``within``). Without ``within``, after first then before,
+    alternately; with it (chunk id → rank), the better-ranked of the two next candidates first,
+    so the budget goes to the neighbours the search liked best."""
     members = [hit]
     ends = {"next": hit, "prev": hit}
     open_sides = ["next", "prev"]
+
+    def candidate(side: str) -> ChunkSpan | None:
+        link = ends[side].next_id if side == "next" else ends[side].prev_id
+        chunk = lookup(link) if link else None
+        if (
+            chunk is None
+            or chunk.chunk_id in taken
+            or (within is not None and chunk.chunk_id not in within)
+            or chunk.source != hit.source
+            or (scope == "section" and chunk.section_id != hit.section_id)
+            or size([*members, chunk]) > budget
+        ):
+            return None
+        return chunk
+
     while open_sides:
+        if within is not None:  # ranked neighbours only: the better-ranked side grows first
+            found = {side: candidate(side) for side in open_sides}
+            for side, chunk in found.items():
+                if chunk is None:
+                    open_sides.remove(side)
+            live = [(within[c.chunk_id], side, c) for side, c in found.items() if c is not None]
+            if not live:
+                break
+            _, side, chunk = min(live, key=lambda t: (t[0], t[1] != "next"))
+            members.append(chunk)
+            ends[side] = chunk
+            continue
         for side in list(open_sides):
-            link = ends[side].next_id if side == "next" else ends[side].prev_id
-            chunk = lookup(link) if link else None
-            if (
-                chunk is None
-                or chunk.chunk_id in taken
-                or (within is not None and chunk.chunk_id not in within)
-                or not _same_section(chunk, hit)
-                or size([*members, chunk]) > budget
-            ):
+            chunk = candidate(side)
+            if chunk is None:
                 open_sides.remove(side)
                 continue
             members.append(chunk)
             ends[side] = chunk
     return members
-
-
-def _same_section(a: ChunkSpan, b: ChunkSpan) -> bool:
-    return a.source == b.source and a.section_id == b.section_id
 
 
 def expand(
@@ -103,6 +126,8 @@ def expand(
     text_of: Callable[[str, int, int], str] | None = None,
     ranked_only: bool = False,
     count: Callable[[str], int] | None = None,
+    scope: str = "section",
+    depth: int | None = None,
 ) -> list[dict[str, Any]]:
     """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
 
@@ -113,13 +138,23 @@ def expand(
     the passage's (set as ``text``); without it, ``text`` and ``originalText`` are dropped.
     With ``ranked_only``, a passage grows only into neighbours that are among ``items``
     themselves (adjacent hits merge into one passage at the better rank; an unranked
-    neighbour spends no budget).
+    neighbour spends no budget); with ``depth`` too, only among the first ``depth`` items (so
+    the hits ranked lower stay chunks: their ranked neighbours have passages of their own).
 
     With ``count`` (and ``text_of``), a passage's size is ``count`` of its own text (chunks
     overlap, so the sum of their tokens overstates it): the budget holds for ``tokens``
     exactly. Without, the size is the sum of the members' ``tokens``.
+
+    ``scope`` (one of ``SCOPES``): ``section`` keeps a passage inside the hit's section;
+    ``document`` lets it cross headings within the hit's document (still one run of the
+    document's chunks, so still one span).
     """
-    within = {id_of(item) for item in items} if ranked_only else None
+    if scope not in SCOPES:
+        raise ValueError(f"unknown passage scope {scope!r} (hint: one of {', '.join(SCOPES)})")
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be 1 or more, got {depth}")
+    ranked = items[:depth] if depth is not None else items
+    within = {id_of(item): r for r, item in enumerate(ranked)} if ranked_only else None
     size: Size = _sum_tokens
     if count is not None and text_of is not None:
         measure, read = count, text_of
@@ -141,7 +176,7 @@ def expand(
             covered.add(chunk_id)
             out.append(dict(item))
             continue
-        members = _passage(hit, lookup, budget, covered, within, size)
+        members = _passage(hit, lookup, budget, covered, within, size, scope)
         covered.update(m.chunk_id for m in members)
         start = min(m.start for m in members)
         end = max(m.end for m in members)

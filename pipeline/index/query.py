@@ -21,12 +21,14 @@ without looking at the other hits (BM25 s/(1+s), cosine (1+c)/2, the logistic fu
 the z-score sum over the weights' sum, RRF divided by its maximum 2/61), so it never makes
 ties that the raw scores did not have.
 
-Passages (issue 17): by default each hit is merged with the neighbours of its section that
-the search ranked too, up to ``expand_tokens`` (768) tokens of text, into one item: one
-citation span (``offsets`` cover the passage, ``text`` is exactly that slice of the source,
-``chunk_ids`` lists the merged chunks, hit first, ``tokens`` counts the passage). The merge
-looks at a pool of at least ``FUSE_DEPTH`` ranked chunks, then the best ``k`` passages are
-returned, so ``-k 5`` gives the first five of ``-k 50``'s. A document whose source changed
+Passages (issue 17): by default each hit is merged with the neighbours of its document that
+the search ranked in its first ``MERGE_DEPTH`` (30), across headings
+(``passage_scope="document"``; ``"section"`` keeps a passage inside the hit's section),
+the better-ranked neighbour first, up to ``expand_tokens`` (768) tokens of text, into one
+item: one citation span (``offsets`` cover the passage, ``text`` is exactly that slice of
+the source, ``chunk_ids`` lists the merged chunks, hit first, ``tokens`` counts the
+passage). The merge looks at a pool of at least ``FUSE_DEPTH`` ranked chunks, then the best
+``k`` passages are returned, so ``-k 5`` gives the first five of ``-k 50``'s. A document whose source changed
 since it was chunked is not merged (its hits stay chunks; a warning names it).
 ``expand_tokens=0`` (``--no-expand``) returns plain chunks.
 """
@@ -45,7 +47,7 @@ import blake3
 
 from pipeline.errors import PipelineError, UsageError
 from pipeline.index.analyzer import query_terms
-from pipeline.index.expand import DEFAULT_BUDGET, ChunkFiles, ChunkSpan, expand
+from pipeline.index.expand import DEFAULT_BUDGET, SCOPES, ChunkFiles, ChunkSpan, expand
 from pipeline.index.identity import check_compatible, rebuild_hint
 from pipeline.index.store import ChunkRow, VectorStore, open_store, store_spec
 
@@ -58,6 +60,10 @@ MISSING_Z = -3.0
 #: Each ranker's list in hybrid mode is this deep (or k, when k is larger).
 FUSE_DEPTH = 50
 SCHEMA_VERSION = "1.0.0"
+#: A passage grows only into neighbours ranked this high in the pool (hits ranked lower stay
+#: chunks): 25-35 are equally good on the gold sets; the whole pool of 50 spends the prompt's
+#: budget on text ranked 40th (docs/benchmarks.md).
+MERGE_DEPTH = 30
 #: A substring fallback (a query with no BM25 term, or none that matched) looks at most this far.
 MAX_NEEDLE = 200
 
@@ -80,13 +86,17 @@ class Searcher:
         rrf_k: int = RRF_K,
         weights: tuple[float, float] = (1.0, 1.0),
         fusion: str = "zscore",
+        passage_scope: str = "document",
     ) -> None:
         if expand_tokens < 0:
             raise UsageError(f"expand_tokens must be 0 (off) or more, got {expand_tokens}")
         if fusion not in FUSIONS:
             raise UsageError(f"unknown fusion {fusion!r} (hint: one of {', '.join(FUSIONS)})")
+        if passage_scope not in SCOPES:
+            raise UsageError(f"unknown passage scope {passage_scope!r} (hint: one of {', '.join(SCOPES)})")
         self.out = Path(out)
         self.expand_tokens = expand_tokens
+        self.passage_scope = passage_scope
         self.fusion = fusion
         self.rrf_k = rrf_k
         self.weights = weights
@@ -236,7 +246,8 @@ class Searcher:
     def _merge(
         self, items: list[dict[str, Any]], budget: int, warnings: list[str], ids: Mapping[str, str]
     ) -> list[dict[str, Any]]:
-        """``items`` (best first) merged into passages (``pipeline.index.expand``, ranked neighbours only).
+        """``items`` (best first) merged into passages (``pipeline.index.expand``, ranked neighbours
+        only, within ``passage_scope``).
 
         A hit whose source no longer holds its text at its offsets (edited since ingest, or
         gone) is kept as a chunk, with a warning: a passage is read from the source.
@@ -262,7 +273,16 @@ class Searcher:
         def text_of(source: str, start: int, end: int) -> str:
             return (self._source_text(source) or "")[start:end]
 
-        merged = expand(items, lookup, budget, text_of=text_of, ranked_only=True, count=self._count)
+        merged = expand(
+            items,
+            lookup,
+            budget,
+            text_of=text_of,
+            ranked_only=True,
+            count=self._count,
+            scope=self.passage_scope,
+            depth=MERGE_DEPTH,
+        )
         for item in merged:
             item.setdefault("chunk_ids", [item["chunk_id"]])
         return merged
