@@ -395,3 +395,31 @@ def test_a_format_2_state_is_converted_on_first_open_without_rechunking(tmp_path
         ("doc_doc1__ch0.json", "moved"),
         ("doc_doc1__ch1.json", "text"),
     ], changes
+
+
+def test_a_first_sync_makes_the_hash_index_at_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync into an empty state sorts the chunks' hash index once; renames are found by it later."""
+    from pipeline.run import ingest as ingest_mod
+
+    monkeypatch.setattr(ingest_mod, "BULK", 3)
+    dropped: list[str] = []
+    drop = StateDB.drop_hash_index
+    monkeypatch.setattr(StateDB, "drop_hash_index", lambda db: (dropped.append("x"), drop(db))[1])
+    corpus, out = corpus_of(tmp_path, 4)
+
+    def indexes() -> set[str]:
+        db = StateDB.reader(db_path(out / STATE_DIR))
+        try:
+            return {n for (n,) in db.conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        finally:
+            db.close()
+
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert dropped == ["x"] and "chunks_hash" in indexes()
+    old = dump_state(out)["docs"]["doc3.md"]["chunk_ids"]
+    seq = feed_mod.last_seq(out)
+    (corpus / "doc3.md").rename(corpus / "moved.md")  # the state is not empty: the index stays
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert dropped == ["x"]
+    renames = {e["old"]: e["match"] for e in lines_of(out, seq) if e["event"] == "ingest.redirect"}
+    assert renames == dict.fromkeys(old, "rename")

@@ -314,6 +314,21 @@ class StateDB:
         rows = self.conn.execute("SELECT rel, rev_width FROM docs WHERE uid_rev=? ORDER BY rel", (uid_rev,))
         return [(r, int(w)) for r, w in rows]
 
+    def uid_revs_held_twice(self, keys: list[str]) -> set[str]:
+        """The ``doc_uid|r`` values among ``keys`` that more than one document has."""
+        held: set[str] = set()
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            marks = ",".join("?" * len(part))
+            held.update(
+                key
+                for (key,) in self.conn.execute(
+                    f"SELECT uid_rev FROM docs WHERE uid_rev IN ({marks}) GROUP BY uid_rev HAVING count(*) > 1",
+                    part,
+                )
+            )
+        return held
+
     def source_hash(self, rel: str) -> str | None:
         row = self.conn.execute("SELECT source_hash FROM docs WHERE rel=?", (rel,)).fetchone()
         return str(row[0]) if row else None
@@ -410,6 +425,18 @@ class StateDB:
             self.conn.execute("SELECT 1 FROM chunks WHERE chunk_id=? LIMIT 1", (chunk_id,)).fetchone()
             is not None
         )
+
+    def drop_hash_index(self) -> None:
+        """For a sync into an empty state: ``index_hashes`` makes it again once at its end.
+
+        Nothing of such a sync asks it meanwhile (no document of it had chunks to rename), and
+        a state opened without it gets it back (``_SCHEMA``).
+        """
+        self.conn.execute("DROP INDEX IF EXISTS chunks_hash")
+
+    def index_hashes(self) -> None:
+        """The chunks' hash index (``made_with_hash``), sorted once if it is missing."""
+        self.conn.execute("CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash, gen)")
 
     def made_with_hash(self, digest: str, since: int) -> tuple[str, str] | None:
         """The first chunk (document order) with this hash made in generation ``since`` or later."""
