@@ -82,10 +82,16 @@ LISTS = ("files", "ids", "chunk_ids", "hashes", "digests", "embeds")
 _COLUMNS = ("size", "mtime_ns", "source_hash", "policy_hash", "version", "rev_width", "tokens", "uid_rev")
 
 
+#: Bytes per page of a new database (SQLite's default is 4,096): a big sync mostly appends
+#: rows, and writes half as many pages (headers, WAL frames, checksums) at 8 KiB; the
+#: parent's replay of ``make bench``'s 31,214 chunks: 0.43 -> 0.36-0.42 CPU s in SQLite
+#: (16 KiB: 0.35-0.40, but a commit then needs ~80 KB of WAL where 64 KB of free disk held
+#: one before, see tests/test_bad_input.py's full disk).
+PAGE_SIZE = 8192
 #: Pages the WAL may hold before a commit copies them into the database (SQLite's default is
 #: 1,000): each copy ends in two ``fsync`` calls that the parent waits for, and a first run
-#: of ``make bench`` (80 MB of state) made 33 of them; with 16,384 (64 MB) it makes a few.
-WAL_PAGES = 16384
+#: of ``make bench`` (80 MB of state, 4 KiB pages) made 33 of them; at 64 MB it makes a few.
+WAL_PAGES = 64 * 1024 * 1024 // PAGE_SIZE
 
 
 class StateError(Exception):
@@ -104,6 +110,7 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         )
     else:
         conn = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new database only: a no-op after
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a crash of the process
         conn.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
