@@ -311,3 +311,115 @@ def test_a_reader_during_the_first_run_sees_an_empty_feed_not_an_error(tmp_path:
     assert list(read_feed(tmp_path / "out", 0)) == []
     with pytest.raises(FeedGapError):
         list(read_feed(tmp_path / "out", 5))
+
+
+#: The state database as format 2 made it: each document's lists in ``entries`` as well as in
+#: its ``chunks`` rows, which had an ``id`` column and four indexes.
+_FORMAT_2 = """
+CREATE TABLE entries(rel TEXT PRIMARY KEY, lists BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE chunks(
+    rel TEXT NOT NULL, n INTEGER NOT NULL, file TEXT NOT NULL, id TEXT NOT NULL,
+    chunk_id TEXT NOT NULL, hash TEXT NOT NULL, gen INTEGER NOT NULL,
+    PRIMARY KEY(rel, n)) WITHOUT ROWID;
+CREATE INDEX chunks_file ON chunks(file);
+CREATE INDEX chunks_chunk_id ON chunks(chunk_id);
+CREATE INDEX chunks_id ON chunks(id);
+CREATE INDEX chunks_hash ON chunks(hash, gen);
+"""
+
+
+def _to_format_2(out: Path) -> None:
+    """Rewrite ``out``'s state as a chunkyard of format 2 left it."""
+    state = dump_state(out)
+    db = StateDB(db_path(out / STATE_DIR))
+    conn = db.conn
+    gens = {(r, n): g for r, n, g in conn.execute("SELECT rel, n, gen FROM chunks")}
+    conn.execute("BEGIN")
+    conn.execute("DROP TABLE chunks")
+    for statement in _FORMAT_2.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    for rel, e in state["docs"].items():
+        lists = {k: e[k] for k in ("files", "ids", "chunk_ids", "hashes", "digests", "embeds")}
+        conn.execute("INSERT INTO entries VALUES(?, ?)", (rel, orjson.dumps(lists)))
+        for n, file in enumerate(e["files"]):
+            row = (rel, n, file, e["ids"][n], e["chunk_ids"][n], e["hashes"][n], gens[(rel, n)])
+            conn.execute("INSERT INTO chunks VALUES(?,?,?,?,?,?,?)", row)
+    conn.execute("COMMIT")
+    db.close()
+
+
+def test_a_format_2_state_is_converted_on_first_open_without_rechunking(tmp_path: Path) -> None:
+    """An output of the previous state format keeps everything it knew, and nothing is re-chunked."""
+    from pipeline.audit.store import open_store
+    from pipeline.errors import UsageError
+    from pipeline.run.db import StateError
+
+    corpus, out = corpus_of(tmp_path, 4)
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    before = dump_state(out)
+    seq = feed_mod.last_seq(out)
+    _to_format_2(out)
+    with pytest.raises(StateError, match=r"older format \(2\).*run chunkyard ingest once"):
+        StateDB.reader(db_path(out / STATE_DIR))  # a reader cannot convert it: it says what will
+    with pytest.raises(UsageError, match="older format"):
+        open_store(out, corpus)
+    files = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
+
+    summary = ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert summary.exit_code == 0 and summary.processed == 0 and summary.skipped == 4
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == files
+    assert feed_mod.last_seq(out) == seq  # nothing to announce
+    after = dump_state(out)
+    assert after["docs"] == before["docs"]  # digests and embeds included
+    db = StateDB.reader(db_path(out / STATE_DIR))
+    try:
+        tables = {name for (name,) in db.conn.execute("SELECT name FROM sqlite_master")}
+        assert "entries" not in tables and "chunks_id" not in tables
+        assert "id" not in {c[1] for c in db.conn.execute("PRAGMA table_info(chunks)")}
+        rel = sorted(before["docs"])[1]
+        chunk = before["docs"][rel]["ids"][1]
+        assert db.locate("id", chunk) == (rel, 1, before["docs"][rel]["files"][1])
+        assert db.locate("id", chunk + "0") is None and db.locate("id", "doc:nowhere::ch1") is None
+        assert list(db.iter_column("id")) == sorted(i for e in before["docs"].values() for i in e["ids"])
+    finally:
+        db.close()
+    assert open_store(out, corpus).docs[rel]["ids"] == before["docs"][rel]["ids"]
+
+    # the embeds survived: a renamed heading moves every chunk id of the document (r= hashes
+    # the outline), and only the chunk whose embedded text holds the heading is announced as text
+    (corpus / "doc1.md").write_text(DOC.format(n=1).replace("## Part", "## Part two"))
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    changes = [line.event for line in read_feed(out, seq) if line.event["event"] == "ingest.write"]
+    assert [(e["file"], e["change"]) for e in changes] == [
+        ("doc_doc1__ch0.json", "moved"),
+        ("doc_doc1__ch1.json", "text"),
+    ], changes
+
+
+def test_a_first_sync_makes_the_hash_index_at_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync into an empty state sorts the chunks' hash index once; renames are found by it later."""
+    from pipeline.run import ingest as ingest_mod
+
+    monkeypatch.setattr(ingest_mod, "BULK", 3)
+    dropped: list[str] = []
+    drop = StateDB.drop_hash_index
+    monkeypatch.setattr(StateDB, "drop_hash_index", lambda db: (dropped.append("x"), drop(db))[1])
+    corpus, out = corpus_of(tmp_path, 4)
+
+    def indexes() -> set[str]:
+        db = StateDB.reader(db_path(out / STATE_DIR))
+        try:
+            return {n for (n,) in db.conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        finally:
+            db.close()
+
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert dropped == ["x"] and "chunks_hash" in indexes()
+    old = dump_state(out)["docs"]["doc3.md"]["chunk_ids"]
+    seq = feed_mod.last_seq(out)
+    (corpus / "doc3.md").rename(corpus / "moved.md")  # the state is not empty: the index stays
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert dropped == ["x"]
+    renames = {e["old"]: e["match"] for e in lines_of(out, seq) if e["event"] == "ingest.redirect"}
+    assert renames == dict.fromkeys(old, "rename")

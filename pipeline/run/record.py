@@ -77,7 +77,7 @@ class Run:
     #: the documents recorded in the open transaction ("" for a sweep), not committed yet
     pending: list[str] = field(default_factory=list)
     opened: float = 0.0  #: when the open transaction began (``time.monotonic``)
-    #: output folder → its mtime once a document of the open transaction was written there
+    #: output folders a document of the open transaction was written in (their mtimes at the commit)
     folder_mtimes: dict[str, int] = field(default_factory=dict)
     room: int = 1  #: documents the open transaction may hold: doubled at each commit, up to ``batch``
     #: the most documents in one transaction: 1 when the caller hears of each as it is recorded
@@ -125,6 +125,7 @@ class Run:
         if not self.pending:
             return True
         try:
+            _stat_folders(self)
             self.db.set_folder_mtimes(self.folder_mtimes)
             self.db.set_meta(written_at_epoch=repr(time.time()))
             self.db.end()
@@ -240,10 +241,12 @@ def _announce_writes(result: DocResult, prev: dict[str, Any], run: Run) -> None:
 
 
 def _seen_whole(run: Run, rel: str) -> None:
-    """Record the mtime of the document's output folder, now that its files are as the state says.
+    """Note the document's output folder, now that its files are as the state says.
 
-    A later run that finds the folder with this mtime knows no file of it went (``_Folders``).
-    Written with the transaction's commit (``Run.settle``): the last mtime of each folder.
+    Its mtime is taken when the transaction commits (``Run.settle``), once for all the
+    documents of that folder in it: a later run that finds the folder with that mtime
+    knows no file of it went since (``_Folders``). Files that other documents' workers add
+    meanwhile move the mtime again: the next run then lists the folder, which is safe.
     """
     folder = rel.rpartition("/")[0]
     if not run.whole:  # a save in watch: the folder was not checked, so it is not known whole
@@ -251,13 +254,21 @@ def _seen_whole(run: Run, rel: str) -> None:
         run.db.forget_folders([folder])
         return
     run.recorded.add(folder)
-    try:
-        mtime = os.stat(run.opts.out / folder if folder else run.opts.out).st_mtime_ns
-    except OSError:
-        run.folder_mtimes.pop(folder, None)
-        run.db.forget_folders([folder])
-        return
-    run.folder_mtimes[folder] = mtime
+    run.folder_mtimes[folder] = 0  # stat at the commit
+
+
+def _stat_folders(run: Run) -> None:
+    """The mtimes of the output folders the open transaction's documents were recorded in."""
+    gone = []
+    for folder in run.folder_mtimes:
+        try:
+            run.folder_mtimes[folder] = os.stat(run.opts.out / folder if folder else run.opts.out).st_mtime_ns
+        except OSError:
+            gone.append(folder)
+    for folder in gone:
+        del run.folder_mtimes[folder]
+    if gone:
+        run.db.forget_folders(gone)
 
 
 def _remove(run: Run, rel: str, prev: dict[str, Any], stale: list[tuple[int, str]]) -> None:
