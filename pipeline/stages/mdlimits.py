@@ -234,7 +234,7 @@ def _read_quote(cls: Any, lines: Any) -> Any:
         and not _interrupts(breaking_tokens, lines, lazy, _quoted)
     ):
         if _quoted(next_line):
-            stripped = cls.convert_leading_tabs(next_line.lstrip(" "))
+            stripped = cls.convert_leading_tabs(next_line.lstrip(" \t"))
             prepend = 2 if stripped[1:2] == " " else 1
             stripped = stripped[prepend:]
             line_buffer.append(stripped)
@@ -252,10 +252,16 @@ def _read_quote(cls: Any, lines: Any) -> Any:
 
 
 def _quoted(row: str) -> bool:
-    """A line that goes on with a quote by its mark: as ``Quote.start`` opens one, up to three
-    spaces then ``>``. mistletoe's own ``read`` skipped any blanks (``lstrip()``), so an NBSP
-    line of a lazy paragraph went on as a quote line (CommonMark: NBSP is text)."""
-    return bool(block_token.Quote.start(row))  # type: ignore[no-untyped-call]
+    """A line that goes on with a quote by its mark: spaces and tabs, then ``>``.
+
+    mistletoe's own ``read`` skipped any blanks (``lstrip()``), so an NBSP line of a lazy
+    paragraph went on as a quote line (CommonMark and markdown-it: NBSP is text). Four spaces
+    or more before the ``>`` still go on, as in mistletoe and markdown-it (the contract
+    checker's parser); CommonMark (cmark-gfm, commonmark.js) reads no quote mark there
+    (``>   > ```\n>     > a``: an empty fence, then indented code), a known disagreement
+    left on the checker's side.
+    """
+    return row.lstrip(" \t")[:1] == ">"
 
 
 def _interrupts(breaking_tokens: list[Any], lines: Any, lazy: Blocks, goes_on: Callable[[str], bool]) -> bool:
