@@ -333,7 +333,7 @@ class Watcher:
         The pool forks, so it runs before any observer thread exists; later syncs are small
         and run in this thread.
         """
-        first = self._run_sync(None, initial=True, hold=True)
+        first = self._run_sync(None, initial=True)
         if self.fatal is not None:
             self._emit(first)
             return
@@ -343,7 +343,7 @@ class Watcher:
                 self._emit(first)
                 return
             self._observer = self._start_observer()
-        catch_up = self._run_sync(None, initial=False, quiet_if_idle=True, hold=True)
+        catch_up = self._run_sync(None, initial=False, quiet_if_idle=True)
         # the first report goes out once events flow: an edit made after it is seen by inotify
         self._emit(first)
         self._emit(catch_up)
@@ -455,7 +455,7 @@ class Watcher:
                 return
             first = min(m.first for m in batch.values())
             renames = {rel: m.renamed_from for (rel, _), m in batch.items() if m.renamed_from}
-            self._run_sync(sorted(paths), initial=False, since=first, renames=renames)
+            self._emit(self._run_sync(sorted(paths), initial=False, since=first, renames=renames))
         finally:
             with self._cond:
                 self._syncing = False
@@ -474,10 +474,9 @@ class Watcher:
         since: float | None = None,
         renames: dict[str, str] | None = None,
         quiet_if_idle: bool = False,
-        hold: bool = False,
     ) -> SyncReport | None:
-        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync`` (returned instead
-        with ``hold``; None when ``quiet_if_idle`` and there was nothing to do).
+        """One ``Session.sync``, turned into a ``SyncReport`` for ``on_sync`` (the caller emits
+        it; None when ``quiet_if_idle`` and there was nothing to do).
 
         Only what the report needs is kept of each result (never its chunk lists), and the
         state is asked about the documents synced, never the whole corpus.
@@ -497,8 +496,6 @@ class Watcher:
             report = SyncReport(Summary(""), (), ms, 0.0, initial, f"sync failed: {exc!r}")
             if initial:
                 self.fatal = report.error
-            if not hold:
-                self._emit(report)
             return report
         ended = time.monotonic()
         gone = self._session.gone
@@ -515,10 +512,7 @@ class Watcher:
         if quiet_if_idle and not summary.processed and not summary.removed and not summary.failures:
             return None
         latency = (ended - since) * 1000 if since is not None else 0.0
-        report = SyncReport(summary, changes, (ended - started) * 1000, latency, initial)
-        if not hold:
-            self._emit(report)
-        return report
+        return SyncReport(summary, changes, (ended - started) * 1000, latency, initial)
 
     def _emit(self, report: SyncReport | None) -> None:
         if report is not None and self.on_sync is not None:
