@@ -10,7 +10,10 @@ it (quotes, list items) are matched, then new ones and leaf blocks are opened, t
 line is a lazy paragraph line, or goes to the innermost container. It keeps only what the
 question needs: the stack of open containers (a quote, or a list item and the column its
 content starts at) and the open leaf (a paragraph, a fence, an HTML block, indented code,
-a GFM table as markdown-it reads them). Tabs count as 4 columns from the container's
+a GFM table as markdown-it reads them), and while a paragraph's lines may be link definitions,
+those lines: markdown-it reads definitions as blocks of their own (a destination or title on
+the next line, lazy or not, included), which no lazy line goes on with; CommonMark takes them
+out of the paragraph only when it closes (``test_link_definitions_take_their_lines_as_markdown_it_reads_them``). Tabs count as 4 columns from the container's
 content, which is not CommonMark's tab stop inside a container
 (``test_a_tab_after_a_container_mark``).
 
@@ -32,11 +35,54 @@ _ATX = re.compile(r"#{1,6}(?:[ \t]|$)")
 _THEMATIC = re.compile(r"(?:(?:\*[ \t]*){3,}|(?:-[ \t]*){3,}|(?:_[ \t]*){3,})$")
 _SETEXT = re.compile(r"(?:=+|-+)[ \t]*$")
 _LIST_MARK = re.compile(r"(?:([-+*])|([0-9]{1,9})[.)])(?=[ \t]|$)")
-#: A link reference definition on one line: label, destination, maybe a title.
-_DEFINITION = re.compile(
-    r" {0,3}\[(?:[^\]\\]|\\.)*[^\]\\ \t](?:[^\]\\]|\\.)*\]:[ \t]*(?:<[^<>\n]*>|[^\s<][^\s]*)"
-    r"""(?:[ \t]+(?:"[^"]*"|'[^']*'|\([^()]*\)))?[ \t]*$"""
-)
+#: A link reference definition as markdown-it reads one (``references``): the label, ``:``,
+#: the destination and maybe a title, each of them free to begin on the next line.
+_LABEL = re.compile(r" {0,3}\[((?:[^\[\]\\]|\\.){0,999})\]:")
+_DESTINATION = re.compile(r"<(?:[^<>\n\\]|\\.)*>|(?:[^\s()\\\x00-\x1f\x7f]|\\.|\((?:[^\s()\\]|\\.)*\))+")
+_TITLE = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|\((?:[^()\\]|\\.)*\)')
+_NOT_BLANK = re.compile(r"[^ \t\n]")
+_TO_EOL = re.compile(r"[ \t]*(?:\n|$)")
+#: Destinations markdown-it's ``validateLink`` refuses: no definition then.
+_BAD_SCHEME = re.compile(r"(?:vbscript|javascript|file|data):", re.IGNORECASE)
+
+
+def _skip_blanks(text: str, pos: int) -> int:
+    """The first position from ``pos`` on that is no space, tab or line end."""
+    found = _NOT_BLANK.search(text, pos)
+    return found.start() if found else len(text)
+
+
+def _definition(text: str) -> int:
+    """The characters a link reference definition at the start of ``text`` takes, with its
+    line end (0: none), as markdown-it's ``references`` rule reads the lines of a paragraph."""
+    label = _LABEL.match(text)
+    if not label or not label[1].strip(" \t\n"):
+        return 0
+    pos = _skip_blanks(text, label.end())
+    dest = _DESTINATION.match(text, pos)
+    if not dest or _BAD_SCHEME.match(dest[0].strip("<>")):
+        return 0
+    end = _skip_blanks(text, dest.end())
+    title = _TITLE.match(text, end) if end > dest.end() else None
+    if title and "\n\n" not in title[0] and (eol := _TO_EOL.match(text, title.end())):
+        return eol.end()
+    eol = _TO_EOL.match(text, dest.end())
+    return eol.end() if eol else 0
+
+
+#: A paragraph this many lines long is taken for no definitions (a label holds 999 characters).
+_RUN_LINES = 64
+
+
+def _definitions(lines: list[str]) -> int:
+    """How many of ``lines`` (a paragraph's, from its first) link definitions take, one after another."""
+    text = "\n".join(lines)
+    pos = 0
+    while pos < len(text) and (took := _definition(text[pos:])):
+        pos += took
+    return len(lines) if pos >= len(text) else text.count("\n", 0, pos)
+
+
 #: What ends an HTML block of kind 1 (CommonMark 4.6): any of the four end tags.
 KIND_1_ENDS = ("</script>", "</pre>", "</style>", "</textarea>")
 
@@ -81,37 +127,60 @@ def _html_start(rest: str) -> tuple[int, tuple[str, ...] | None] | None:
 class Blocks:
     """The open containers and leaf of one container's content, line by line (see the module)."""
 
-    __slots__ = ("_todo", "fence", "html_end", "last", "leaf", "stack")
+    __slots__ = ("_todo", "fence", "html_end", "last", "leaf", "run", "stack")
 
     def __init__(self) -> None:
         #: lines fed and not read yet (None: a lazy line): they are read only when ``paragraph``
         #: is asked, which a container does only at a line that may be lazy. A staircase of
         #: nested lists asks no container, and each level would read every line below it.
-        self._todo: list[str | None] = []
+        self._todo: list[tuple[str, bool]] = []  #: (line, lazy)
         self.stack: list[_Item | None] = []  #: open containers, outermost first: None is a quote
         self.leaf: str | None = None
         self.fence: tuple[str, int] | None = None  #: an open fence: its character and length
         self.html_end: tuple[str, ...] | None = None  #: an open HTML block: what ends it (None: a blank)
         self.last = ""  #: the paragraph's latest line, when it was not lazy (a table header?)
+        #: the open paragraph's lines while they may hold link definitions (markdown-it reads
+        #: those as blocks of their own, which no lazy line goes on with), else None
+        self.run: list[str] | None = None
 
-    @property
-    def paragraph(self) -> bool:
-        """A paragraph is the innermost open block: a lazy line may go on with it."""
+    def goes_on(self, lazy: str) -> bool:
+        """Whether ``lazy``, a line without the container's marks, goes on with it: only a
+        paragraph takes a lazy line (CommonMark 5.1), and to markdown-it a paragraph's lines
+        that link definitions take are no paragraph, unless a definition takes this line too
+        (``> [a]:`` / ``/u``: the destination; ``> [a]: /u`` / ``alpha``: no)."""
         todo, self._todo = self._todo, []
-        for line in todo:
-            if line is None:
+        for line, is_lazy in todo:
+            if is_lazy:
                 self.last = ""
+                self._extend(line)
             else:
                 self._read(line)
-        return self.leaf == _PARAGRAPH
+        if self.leaf != _PARAGRAPH:
+            return False
+        if self.run is None:
+            return True
+        took = _definitions([*self.run, lazy.rstrip("\n")])
+        return took != len(self.run)
 
-    def lazy_line(self) -> None:
+    def lazy_line(self, line: str) -> None:
         """A line that went on with the paragraph without its container's marks."""
-        self._todo.append(None)
+        self._todo.append((line, True))
 
     def feed(self, line: str) -> None:
         """One line of the container's content (its own marks removed)."""
-        self._todo.append(line)
+        self._todo.append((line, False))
+
+    def _extend(self, line: str) -> None:
+        """The open paragraph takes ``line``: the definitions it may hold, as far as they go."""
+        run = self.run
+        if run is None:
+            return
+        run.append(line.rstrip("\n"))
+        took = _definitions(run)
+        if 0 < took < len(run):  # definitions, then a line none of them took: it begins afresh
+            del run[:took]
+        if len(run) > _RUN_LINES or run[0].lstrip(" ")[:1] != "[":
+            self.run = None
 
     def _read(self, raw: str) -> None:
         line = raw.rstrip("\n").expandtabs(4)
@@ -157,7 +226,11 @@ class Blocks:
                 pos = nxt + 1 + (line[nxt + 1 : nxt + 2] == " ")
                 opened.append(None)
                 continue
-            if _ATX.match(rest) or _THEMATIC.match(rest) or (para and _SETEXT.match(rest)):
+            if (
+                _ATX.match(rest)
+                or _THEMATIC.match(rest)
+                or (para and _SETEXT.match(rest) and not self._defined())
+            ):
                 leaf = "ended"
                 break
             if opener := _FENCE_OPENER.match(rest):
@@ -189,9 +262,8 @@ class Blocks:
             self.leaf = None
         self.stack += opened
         if leaf is None and self.leaf is None and line[pos:].strip(" "):
-            # text left after the marks: a paragraph begins, or a link definition that
-            # markdown-it reads as a block of its own (no paragraph for a lazy line)
-            leaf = "ended" if _DEFINITION.match(line, pos) else _PARAGRAPH
+            leaf = _PARAGRAPH  # text left after the marks: a paragraph begins (maybe definitions)
+            self.run = [] if line[pos:].lstrip(" ")[:1] == "[" else None
         if leaf is not None and self.stack and self.stack[-1] is not None:
             self.stack[-1].filled = True
         for box in self.stack[:-1]:
@@ -200,9 +272,16 @@ class Blocks:
         if leaf == _PARAGRAPH or (leaf is None and self.leaf == _PARAGRAPH):
             self.leaf = _PARAGRAPH
             self.last = line[pos:]
+            self._extend(line[pos:])
         elif leaf is not None:
             self.leaf = None if leaf == "ended" else leaf
             self.fence, self.html_end = fence, html_end
+        if self.leaf != _PARAGRAPH:
+            self.run = None
+
+    def _defined(self) -> bool:
+        """Link definitions take every line of the open paragraph (markdown-it): it is none."""
+        return self.run is not None and _definitions(self.run) == len(self.run)
 
     def _leaf_goes_on(self, line: str, pos: int, blank: bool) -> bool:
         """The open leaf takes this line (every container matched): True when it did."""

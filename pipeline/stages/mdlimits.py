@@ -102,6 +102,7 @@ def install(max_depth: int) -> None:
     block_token.HtmlBlock.read = classmethod(_read_html)  # type: ignore[method-assign,assignment]
     block_token.Quote.read = classmethod(_read_quote)  # type: ignore[method-assign,assignment]
     block_token.Paragraph.read = classmethod(_read_paragraph)  # type: ignore[method-assign,assignment]
+    block_token.HtmlBlock.start = classmethod(_declaration(block_token.HtmlBlock.start.__func__))  # type: ignore[method-assign,assignment,attr-defined]
     for token in (block_token.HtmlBlock, block_token.Footnote):  # indented by spaces and tabs only
         token.start = classmethod(_indented_by_blanks(token.start.__func__))  # type: ignore[method-assign,assignment,attr-defined]
     # the same patterns, blanks and digits as CommonMark counts them (ASCII)
@@ -110,6 +111,27 @@ def install(max_depth: int) -> None:
     block_token.List.pattern = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[+\-*])(?:[ \t]*$|[ \t]+)")
     block_token.ListItem.pattern = re.compile(r"( {0,3})([0-9]{1,9}[.)]|[+\-*])($|[ \t]+)")
     block_token.ListItem.continuation_pattern = re.compile(r"([ \t]*)([^ \t\n].*\n|\n)")
+
+
+def _declaration(start: Any) -> Any:
+    """``HtmlBlock.start`` with CommonMark 0.31's kind 4: ``<!`` then an ASCII letter, of either
+    case (markdown-it agrees: ``<!doctype html>``); mistletoe asks for an uppercase letter,
+    Unicode's included (``<!É`` is text)."""
+
+    def wrapped(cls: Any, line: str) -> Any:
+        kind = start(cls, line)
+        stripped = line.lstrip()
+        if stripped[:2] != "<!" or stripped[:4] == "<!--" or kind not in (False, None, 4):
+            return kind
+        letter = stripped[2:3]
+        if not (letter.isascii() and letter.isalpha()):
+            return False if kind == 4 else kind
+        if len(line) - len(stripped) >= 4:
+            return kind
+        cls._end_cond = ">"
+        return 4
+
+    return wrapped
 
 
 def _indented_by_blanks(start: Any) -> Any:
@@ -194,10 +216,10 @@ def _read_item(cls: Any, lines: Any, prev_marker: Any = None) -> Any:
                 lines.backstep()
                 del line_buffer[-newline_count:]
                 break
-            if not lazy.paragraph:  # CommonMark: only a paragraph goes on lazily
+            if not lazy.goes_on(next_line):  # CommonMark: only a paragraph goes on lazily
                 break
             line_buffer.append(lazy_text(next_line))
-            lazy.lazy_line()
+            lazy.lazy_line(next_line)
             next(lines)
             next_line = lines.peek()
             newline_count = 0
@@ -239,11 +261,11 @@ def _read_quote(cls: Any, lines: Any) -> Any:
             stripped = stripped[prepend:]
             line_buffer.append(stripped)
             lazy.feed(stripped)
-        elif not lazy.paragraph or LIST_MARKER.match(next_line):
+        elif not lazy.goes_on(next_line) or LIST_MARKER.match(next_line):
             break  # a list may start here, whatever its number or content: the quote's line failed
         else:
             line_buffer.append(lazy_text(next_line))
-            lazy.lazy_line()
+            lazy.lazy_line(next_line)
         next(lines)
         next_line = lines.peek()
     # mistletoe turns setext headings off here, lest a lazy ``===`` underline the paragraph;
@@ -279,7 +301,12 @@ def _interrupts(breaking_tokens: list[Any], lines: Any, lazy: Blocks, goes_on: C
             continue
         if token_type is block_token.Table:
             src, at = lines.lines, lines._index + 1  # the header row; the delimiter row after it
-            if not goes_on(src[at]) and at + 1 < len(src) and not goes_on(src[at + 1]) and lazy.paragraph:
+            if (
+                not goes_on(src[at])
+                and at + 1 < len(src)
+                and not goes_on(src[at + 1])
+                and lazy.goes_on(src[at])
+            ):
                 continue
         return True
     return False
