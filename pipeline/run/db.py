@@ -121,41 +121,45 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
 class StateDB:
     """The parent's handle on the state database: reads, and per-document transactions."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = connect(path)
-            self.conn.executescript(_SCHEMA)
-            if _has_table(self.conn, "entries"):
-                _migrate(self.conn)
-        except sqlite3.Error as exc:
-            raise StateError(f"{path}: cannot open chunkyard's state ({exc})") from exc
         self._in_tx = False
         self._counts: dict[str, int] = {}
         self._no_redirects: bool | None = None
+        self.conn = self._open_reader() if readonly else self._open_writer()
 
     @classmethod
     def reader(cls, path: Path) -> StateDB:
         """A read-only handle (the audit tools, beside a running ``ingest`` or ``watch``)."""
-        self = cls.__new__(cls)
-        self.path = path
+        return cls(path, readonly=True)
+
+    def _open_writer(self) -> sqlite3.Connection:
+        """The database, created or converted to the current format."""
         try:
-            self.conn = connect(path, readonly=True)
-            self.conn.execute("SELECT 1 FROM meta LIMIT 1")
-            old = _has_table(self.conn, "entries")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = connect(self.path)
+            conn.executescript(_SCHEMA)
+            if _has_table(conn, "entries"):
+                _migrate(conn)
         except sqlite3.Error as exc:
-            raise StateError(f"{path}: cannot read chunkyard's state ({exc})") from exc
+            raise StateError(f"{self.path}: cannot open chunkyard's state ({exc})") from exc
+        return conn
+
+    def _open_reader(self) -> sqlite3.Connection:
+        """The database as it is; one in an older format is refused with the way out."""
+        try:
+            conn = connect(self.path, readonly=True)
+            conn.execute("SELECT 1 FROM meta LIMIT 1")
+            old = _has_table(conn, "entries")
+        except sqlite3.Error as exc:
+            raise StateError(f"{self.path}: cannot read chunkyard's state ({exc})") from exc
         if old:
-            self.conn.close()
+            conn.close()
             raise StateError(
-                f"{path}: chunkyard's state is in an older format (2) "
+                f"{self.path}: chunkyard's state is in an older format (2) "
                 "(hint: run chunkyard ingest once: it converts it, without re-chunking anything)"
             )
-        self._in_tx = False
-        self._counts = {}
-        self._no_redirects = None
-        return self
+        return conn
 
     def close(self) -> None:
         self.conn.close()
