@@ -537,6 +537,9 @@ def test_link_definitions_take_their_lines_as_markdown_it_reads_them(text: str) 
         "text\n \u2028 \n---\n",
         "|a|\n|-|\n\u2028\nb\n===\n",  # it ends a table (markdown-it trims U+2028 there), then is text
         "- \u00a0\n  > > a\n  > > ```\n  > > ```\n  > > b\n",  # a list item whose text is an NBSP
+        "alpha\n1. \u00a0\n===\n",  # such an item interrupts a paragraph: ``===`` is its text
+        "alpha\n- \u2028\n===\n",  # a U+2028 too (random phase, seed 846254140)
+        "> alpha\n> - \u00a0\n===\n",  # inside a quote
     ],
 )
 def test_a_line_of_unicode_blanks_is_text_as_in_commonmark(text: str) -> None:

@@ -102,6 +102,7 @@ def install(max_depth: int) -> None:
     block_token.HtmlBlock.read = classmethod(_read_html)  # type: ignore[method-assign,assignment]
     block_token.Quote.read = classmethod(_read_quote)  # type: ignore[method-assign,assignment]
     block_token.Paragraph.read = classmethod(_read_paragraph)  # type: ignore[method-assign,assignment]
+    block_token.List.check_interrupts_paragraph = classmethod(_list_interrupts)  # type: ignore[method-assign,assignment]
     block_token.HtmlBlock.start = classmethod(_declaration(block_token.HtmlBlock.start.__func__))  # type: ignore[method-assign,assignment,attr-defined]
     for token in (block_token.HtmlBlock, block_token.Footnote):  # indented by spaces and tabs only
         token.start = classmethod(_indented_by_blanks(token.start.__func__))  # type: ignore[method-assign,assignment,attr-defined]
@@ -111,6 +112,17 @@ def install(max_depth: int) -> None:
     block_token.List.pattern = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[+\-*])(?:[ \t]*$|[ \t]+)")
     block_token.ListItem.pattern = re.compile(r"( {0,3})([0-9]{1,9}[.)]|[+\-*])($|[ \t]+)")
     block_token.ListItem.continuation_pattern = re.compile(r"([ \t]*)([^ \t\n].*\n|\n)")
+
+
+def _list_interrupts(cls: Any, lines: Any) -> bool:
+    """``List.check_interrupts_paragraph``: an item interrupts a paragraph when it is not empty
+    and its number, if any, is 1; empty by CommonMark's blanks (spaces and tabs), where mistletoe's
+    ``str.strip()`` also took ``1. `` then an NBSP or U+2028 for an empty item."""
+    marker = block_token.ListItem.parse_marker(lines.peek())  # type: ignore[no-untyped-call]
+    if marker is None or not marker[3].strip(" \t\n"):
+        return False
+    leader = marker[2]
+    return not leader[0].isdigit() or leader in ("1.", "1)")
 
 
 def _declaration(start: Any) -> Any:
