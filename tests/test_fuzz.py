@@ -420,6 +420,15 @@ def test_a_lazy_table_header_over_a_delimiter_row_indented_into_the_item() -> No
     assert not violations(raw, Policy(target_tokens=16, overlap_tokens=0))
 
 
+@pytest.mark.xfail(strict=True, reason="markdown-it's `<div` takes any Unicode blank after it")
+def test_a_block_tag_then_a_line_separator_opens_no_html_block() -> None:
+    """The same disagreement for kind 6 (found by the random phase, seed 2960165702, minimised):
+    CommonMark opens an HTML block at ``<div`` followed by a space, a tab, ``>``, ``/>`` or the
+    line's end; ``<div`` then U+2028 (or an NBSP) is text, and ``# a`` a heading, as cmark-gfm
+    and chunkyard read it. markdown-it (and commonmark.js) take any Unicode blank there."""
+    assert not violations("<div\u2028\n# a\n".encode(), Policy(target_tokens=16, overlap_tokens=0))
+
+
 @pytest.mark.xfail(strict=True, reason="markdown-it's `<script` takes any Unicode blank after it")
 def test_a_script_tag_then_a_line_separator_opens_no_html_block() -> None:
     """Known disagreement of the checker's parser, left alone (found by the random phase, seeds
