@@ -1,12 +1,13 @@
 """Does a gold set keep its score through an edit suite? (issue 17, 000's citation stability)
 
-    python bench/edit_suite.py [--corpora rust-book,fastapi-en,powershell-docs] [--max-bytes N]
+    python bench/edit_suite.py [--corpora rust-book,fastapi-en,powershell-docs] [--max-bytes N] [--seed 17]
 
 For each corpus with a gold set in ``bench/gold/``: a copy of the corpus (the part the
 documented ``make bench-retrieval`` runs use: 1.6 MB, PowerShell's 1 MB) is chunked (``chunkyard ingest``) and indexed
 (``chunkyard index``, the default embedder), then every document gets two of the edit
 suite's six edits (``tests/test_redirects.py``: a paragraph inserted, a word changed, a
-heading added or renamed, a section moved or deleted; seed 17, as the test does), and
+heading added or renamed, a section moved or deleted; seed 17, as the test does; ``--seed``
+another draw of the same edits), and
 the copy is ingested and indexed again *into the same output and index*. ``chunkyard eval``
 scores the questions whose answer text is still in the edited document (its quote occurs
 there exactly once) before and after, in every mode, with the default ``search`` settings;
@@ -86,7 +87,7 @@ def per_question(pack: dict[str, Any], mode: str) -> dict[str, int | None]:
     return {r["id"]: r.get("first_hit") for r in pack.get("per_query") or [] if r["mode"] == mode}
 
 
-def run_corpus(name: str, max_bytes: int | None, scratch: Path) -> dict[str, Any]:
+def run_corpus(name: str, max_bytes: int | None, scratch: Path, seed: int = 17) -> dict[str, Any]:
     from retrieval import bench_corpus
 
     gold_path = GOLD / f"{name}.jsonl"
@@ -97,7 +98,7 @@ def run_corpus(name: str, max_bytes: int | None, scratch: Path) -> dict[str, Any
     started = time.perf_counter()
     first = cli("ingest", corpus, "--out", out)
     indexed = cli("index", "--out", out)
-    edited = edit_corpus(corpus)
+    edited = edit_corpus(corpus, seed)
     gold = [json.loads(line) for line in gold_path.read_text().splitlines() if line.strip()]
     alive = [g for g in gold if edited.get(g["source"], "").count(g["quote"]) == 1]
     subset = scratch / name / "alive.jsonl"
@@ -133,6 +134,7 @@ def run_corpus(name: str, max_bytes: int | None, scratch: Path) -> dict[str, Any
     }
     return {
         "corpus": name,
+        "seed": seed,
         "fresh_differs": differs,
         "documents": first.get("documents"),
         "chunks": [first.get("chunks"), second.get("chunks")],
@@ -177,7 +179,7 @@ def render(results: list[dict[str, Any]]) -> str:
     lines.append("")
     for r in results:
         lines.append(
-            f"- {r['corpus']}: {r['documents']} documents, chunks {r['chunks'][0]} → {r['chunks'][1]}, "
+            f"- {r['corpus']} (seed {r.get('seed', 17)}): {r['documents']} documents, chunks {r['chunks'][0]} → {r['chunks'][1]}, "
             f"{r['written_by_edits']} chunk files written by the edits; index after the edits "
             f"{r['index']['after_edits']}; {r['seconds']} s"
         )
@@ -199,6 +201,7 @@ def main() -> None:
     ap.add_argument(
         "--max-bytes", type=int, default=None, help="a part of each corpus (default: the bench's)"
     )
+    ap.add_argument("--seed", type=int, default=17, help="the edits' random seed (default 17, as the test)")
     ap.add_argument("--keep", type=Path, default=None, help="work here and keep it (default: a temp folder)")
     args = ap.parse_args()
     if not CORPORA.is_dir():
@@ -210,7 +213,7 @@ def main() -> None:
             if (scratch / name).exists():
                 shutil.rmtree(scratch / name)
             print(f"{name} …", file=sys.stderr, flush=True)
-            results.append(run_corpus(name, args.max_bytes, scratch))
+            results.append(run_corpus(name, args.max_bytes, scratch, args.seed))
             print(render(results[-1:]), file=sys.stderr, flush=True)
     finally:
         if args.keep is None:
