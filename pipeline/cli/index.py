@@ -125,7 +125,9 @@ def search_cmd(
     out: IndexOutOpt = Path("chunks"),
     store: StoreOpt = None,
     k: Annotated[int, typer.Option("-k", "--k", min=1, max=1000, help="How many chunks to return.")] = 10,
-    mode: Annotated[str, typer.Option("--mode", help="hybrid (RRF of both), dense or bm25.")] = "hybrid",
+    mode: Annotated[
+        str, typer.Option("--mode", help="hybrid (both rankers, fused by z-score), dense or bm25.")
+    ] = "hybrid",
     embedder: EmbedderOpt = None,
     quiet: QuietOpt = False,
     json_out: Annotated[
