@@ -520,6 +520,11 @@ def test_a_declaration_is_an_ascii_letter_of_either_case(text: str) -> None:
         "> [a]:\n> /u\n> x\nalpha\n===\n",  # a paragraph after the definition: ``alpha`` goes on with it
         "> [a]:\n> /u \"t\nalpha\n===\n",  # an open title: no definition, one paragraph
         "> [a]: /u\n> ===\nalpha\n===\n",  # ``===`` under a definition is text: a paragraph
+        "[a]:\x0b /u\nalpha\n===\n",  # a vertical tab is no blank before the destination: a heading (seed 885466247)
+        "[a]:\x0c/u\nalpha\n===\n",  # nor a form feed
+        "[a]: /u\x0b\nalpha\n===\n",  # nor after it
+        "[a]:\u00a0/u\nalpha\n===\n",  # an NBSP begins the destination: a definition
+        "> [a]:\n> \u00a0/u\nalpha\n===\n",  # the same on the next line
         # the random phase's finding (CI seed 4061213611): a definition over two lines, deep in a list in a quote
         "\ufeffalpha\n> - > > > > alpha\n>   > - [a]:\n>   >   /u\nalpha\n===\n",
     ],

@@ -38,7 +38,9 @@ _LIST_MARK = re.compile(r"(?:([-+*])|([0-9]{1,9})[.)])(?=[ \t]|$)")
 #: A link reference definition as markdown-it reads one (``references``): the label, ``:``,
 #: the destination and maybe a title, each of them free to begin on the next line.
 _LABEL = re.compile(r" {0,3}\[((?:[^\[\]\\]|\\.){0,999})\]:")
-_DESTINATION = re.compile(r"<(?:[^<>\n\\]|\\.)*>|(?:[^\s()\\\x00-\x1f\x7f]|\\.|\((?:[^\s()\\]|\\.)*\))+")
+_DESTINATION = re.compile(
+    r"<(?:[^<>\n\\]|\\.)*>|(?:[^ ()\\\x00-\x1f\x7f]|\\.|\((?:[^ ()\\\x00-\x1f\x7f]|\\.)*\))+"
+)
 _TITLE = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|\((?:[^()\\]|\\.)*\)')
 _NOT_BLANK = re.compile(r"[^ \t\n]")
 _TO_EOL = re.compile(r"[ \t]*(?:\n|$)")

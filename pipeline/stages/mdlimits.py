@@ -69,6 +69,7 @@ from pipeline.stages.punctuation import import_mistletoe
 import_mistletoe()  # before mistletoe's own import: see punctuation.py
 
 from mistletoe import block_token, block_tokenizer
+from mistletoe.core_tokens import shift_whitespace
 
 from pipeline.stages.mdblocks import LIST_MARKER, read_definitions, read_fence, read_table
 from pipeline.stages.mdlazy import KIND_1_ENDS, Blocks, lazy_text
@@ -96,6 +97,8 @@ def install(max_depth: int) -> None:
 
     block_tokenizer.tokenize_block = tokenize_block
     block_token.Footnote.read = classmethod(read_definitions)  # type: ignore[method-assign,assignment]
+    reference = block_token.Footnote.match_reference.__func__  # type: ignore[attr-defined]
+    block_token.Footnote.match_reference = classmethod(_blanks_by_commonmark(reference))  # type: ignore[method-assign,assignment]
     block_token.CodeFence.read = classmethod(read_fence)  # type: ignore[method-assign,assignment]
     block_token.Table.read = classmethod(read_table)  # type: ignore[method-assign,assignment]
     block_token.ListItem.read = classmethod(_read_item)  # type: ignore[method-assign,assignment]
@@ -112,6 +115,29 @@ def install(max_depth: int) -> None:
     block_token.List.pattern = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[+\-*])(?:[ \t]*$|[ \t]+)")
     block_token.ListItem.pattern = re.compile(r"( {0,3})([0-9]{1,9}[.)]|[+\-*])($|[ \t]+)")
     block_token.ListItem.continuation_pattern = re.compile(r"([ \t]*)([^ \t\n].*\n|\n)")
+
+
+def _blanks_by_commonmark(match_reference: Any) -> Any:
+    """``Footnote.match_reference`` where the blanks around a definition's destination are
+    spaces and tabs (CommonMark 4.7), as markdown-it reads them: mistletoe's set also held a
+    vertical tab and a form feed, so ``[a]:`` then a VT and ``/u`` was a definition."""
+
+    def wrapped(cls: Any, string: str, offset: int) -> Any:
+        found = match_reference(cls, string, offset)
+        if found is None:
+            return None
+        label_end = cls.match_link_label(string, offset)[1]
+        dest_start = shift_whitespace(string, label_end + 1)  # type: ignore[no-untyped-call]
+        dest_end = cls.match_link_dest(string, dest_start)[1]
+        for gap in (
+            string[label_end + 1 : dest_start],
+            string[dest_end : shift_whitespace(string, dest_end)],  # type: ignore[no-untyped-call]
+        ):
+            if gap.split("\n", 1)[0].strip(" \t"):
+                return None
+        return found
+
+    return wrapped
 
 
 def _list_interrupts(cls: Any, lines: Any) -> bool:
