@@ -25,7 +25,10 @@ _UID_UNSAFE = re.compile(r"[|%\s]")
 _MD_LEAD = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+|\d{1,9}[.)]\s+|\|)+")
 #: An inline link or image whose text holds at most one level of balanced brackets: its text stays.
 _MD_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\([^()]*\)")
-_MD_EMPHASIS = re.compile(r"\*+|`+|(?<!\w)_+|_+(?!\w)")  # emphasis and code marks
+#: Emphasis and code marks: every run of ``*`` and backticks, and a run of ``_`` that does not
+#: sit between two word characters. Each branch starts with a literal (``(?<!\w)_+`` is
+#: ``_(?<!\w_)_*``), so the engine skips to the next mark instead of trying every position.
+_MD_EMPHASIS = re.compile(r"[*`]+|_(?<!\w_)_*|_+(?!\w)")
 #: A line that starts another block (in or out of a quote): a heading, list item, fence or table row.
 _NEW_BLOCK = re.compile(
     r"[ \t]*(?:>[ \t]?)*[ \t]*(?:#{1,6}(?:[ \t]|$)|[-*+][ \t]|\d{1,9}[.)][ \t]|```|~~~|\|)"
@@ -91,11 +94,13 @@ def anchor(text: str) -> str:
         stripped = line.strip()
         if not stripped or stripped.startswith(("```", "~~~")) or _RULE_LINE.fullmatch(stripped):
             continue
+        if fallback and stripped.startswith("#"):
+            continue  # a heading is only ever the fallback, and the first one is kept
         plain = _plain(stripped)
         if not plain:
             continue
         if stripped.startswith("#"):
-            fallback = fallback or plain
+            fallback = plain
             continue
         end = _SENTENCE_END.search(plain)
         if not stripped.startswith("|"):  # a table row is a line of its own; a paragraph wraps
@@ -261,11 +266,20 @@ def mint(
 def _provenance(d: Draft) -> list[dict[str, Any]]:
     """Every contributing block, its pieces in this chunk merged into one span."""
     out: list[dict[str, Any]] = []
+    sect = d.section
+    last = -1  # the block of ``out[-1]``: a piece of the same block widens its span
+    span: dict[str, Any] = {}
     for p in d.pieces:
-        block_id = f"{d.section.path}/{p.block_index:03d}"
-        if out and out[-1]["block_id"] == block_id:
-            out[-1]["charEnd"] = max(out[-1]["charEnd"], p.end)
+        bi = p.block_index
+        if bi == last:
+            span["charEnd"] = max(span["charEnd"], p.end)
             continue
-        kind = d.section.blocks[p.block_index].kind
-        out.append({"block_id": block_id, "type": kind, "charStart": p.start, "charEnd": p.end})
+        span = {
+            "block_id": f"{sect.path}/{bi:03d}",
+            "type": sect.blocks[bi].kind,
+            "charStart": p.start,
+            "charEnd": p.end,
+        }
+        out.append(span)
+        last = bi
     return out
