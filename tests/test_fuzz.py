@@ -491,6 +491,23 @@ def test_lazy_lines_follow_commonmarks_container_stack(text: str) -> None:
 @pytest.mark.parametrize(
     "text",
     [
+        ">```\n>|a|||*m*|\n-|-|-|-|-",  # a table-like pair under an open fence in a quote
+        # the random phase's finding (CI seed 99496848, minimised)
+        ">```\n>|\u2028\x85|||*m*|\n-|-|-|-|-",
+        "> ```\n> |a|b|\n> |-|-|\n",  # the whole table inside the fence
+    ],
+)
+def test_a_quoted_table_header_does_not_end_the_quote(text: str) -> None:
+    """A quote goes on with a line that has its ``>``: a table whose header row is such a line
+    is inside the quote (or its fence), never a block that interrupts it. mistletoe asked the
+    table rule of every quoted line, found ``>|a|||*m*|`` over ``-|-|-|-|-`` (five cells each),
+    ended the quote there and cut its open fence in two."""
+    assert not violations(text.encode(), Policy(target_tokens=16, overlap_tokens=0))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
         "<!e x\n\n# a\n",  # a lowercase letter: an HTML block to the blank line
         "<!doctype html\n# a\n",  # it swallows the heading under it
         "<!\u00c9 x\n\n# a\n",  # a letter that is not ASCII: text, then a heading

@@ -339,6 +339,8 @@ def _interrupts(breaking_tokens: list[Any], lines: Any, lazy: Blocks, goes_on: C
             continue
         if token_type is block_token.Table:
             src, at = lines.lines, lines._index + 1  # the header row; the delimiter row after it
+            if goes_on(src[at]):  # the header row goes on with the container: a table there is inside it
+                continue
             if (
                 not goes_on(src[at])
                 and at + 1 < len(src)
