@@ -335,7 +335,8 @@ def invariant_errors(
         if not r["embedText"].endswith(r["originalText"]):
             yield f"{cid}: embedText does not end with originalText"
         extra = r["embedText"][: len(r["embedText"]) - len(r["originalText"])]
-        header_ok = r["blocks"][0]["type"] == "table" and extra.endswith("\n")  # a split table's header
+        # a split table's header, the table at the top or nested in a list or quote (its chunk's kind)
+        header_ok = "table" in (r["blocks"][0]["type"], r["block_type"]) and extra.endswith("\n")
         if not policy.context_prefix and extra and not header_ok:
             yield f"{cid}: embedText != originalText without a context prefix"
         inner = [h for h in heading_starts if s < h < e]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import CHECKER, chunk_md, invariant_errors, load_checker, stable
+from conftest import CHECKER, Chunked, chunk_md, invariant_errors, load_checker, stable
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from outline import Outline
@@ -266,3 +266,20 @@ def test_the_local_outline_is_the_checkers(text: str) -> None:
         pytest.skip(f"{CHECKER} not found: nothing to compare with")
     ours, theirs = Outline(text), load_checker().Outline(text)
     assert (ours.fm_end, ours.headings, ours.atomic) == (theirs.fm_end, theirs.headings, theirs.atomic)
+
+
+def test_a_split_table_nested_in_a_list_repeats_its_header_without_a_context_prefix() -> None:
+    """A table in a list item, split between rows, carries its header in ``embedText`` as a
+    top-level one does (found by ``test_chunks_keep_every_invariant``: the check knew only a
+    table at the top). Without a context prefix that header is all ``embedText`` adds."""
+    rows = "".join(
+        "  | chunk chunk chunk chunk chunk chunk chunk chunk chunk chunk chunk |\n" for _ in range(3)
+    )
+    raw = ("- item\n\n  | h0 |\n  |---|\n" + rows + "\n# next\n").encode()
+    policy = Policy(target_tokens=16, overlap_tokens=0, context_prefix=False)
+    doc, chunks = chunk_document(raw, "prop/doc.md", policy)
+    records = [c.record for c in chunks]
+    split = [r for r in records if r["block_type"] == "table" and r["embedText"] != r["originalText"]]
+    assert len(split) == 2, [r["originalText"] for r in records]
+    assert all(r["embedText"] == "  | h0 |\n  |---|\n" + r["originalText"] for r in split)
+    assert not list(invariant_errors(Chunked(doc, chunks, policy)))
