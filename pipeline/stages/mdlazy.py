@@ -35,41 +35,6 @@ _ATX = re.compile(r"#{1,6}(?:[ \t]|$)")
 _THEMATIC = re.compile(r"(?:(?:\*[ \t]*){3,}|(?:-[ \t]*){3,}|(?:_[ \t]*){3,})$")
 _SETEXT = re.compile(r"(?:=+|-+)[ \t]*$")
 _LIST_MARK = re.compile(r"(?:([-+*])|([0-9]{1,9})[.)])(?=[ \t]|$)")
-#: A link reference definition as markdown-it reads one (``references``): the label, ``:``,
-#: the destination and maybe a title, each of them free to begin on the next line.
-_LABEL = re.compile(r" {0,3}\[((?:[^\[\]\\]|\\.){0,999})\]:")
-_DESTINATION = re.compile(
-    r"<(?:[^<>\n\\]|\\.)*>|(?:[^ ()\\\x00-\x1f\x7f]|\\.|\((?:[^ ()\\\x00-\x1f\x7f]|\\.)*\))+"
-)
-_TITLE = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|\((?:[^()\\]|\\.)*\)')
-_NOT_BLANK = re.compile(r"[^ \t\n]")
-_TO_EOL = re.compile(r"[ \t]*(?:\n|$)")
-#: Destinations markdown-it's ``validateLink`` refuses: no definition then.
-_BAD_SCHEME = re.compile(r"(?:vbscript|javascript|file|data):", re.IGNORECASE)
-
-
-def _skip_blanks(text: str, pos: int) -> int:
-    """The first position from ``pos`` on that is no space, tab or line end."""
-    found = _NOT_BLANK.search(text, pos)
-    return found.start() if found else len(text)
-
-
-def _definition(text: str) -> int:
-    """The characters a link reference definition at the start of ``text`` takes, with its
-    line end (0: none), as markdown-it's ``references`` rule reads the lines of a paragraph."""
-    label = _LABEL.match(text)
-    if not label or not label[1].strip(" \t\n"):
-        return 0
-    pos = _skip_blanks(text, label.end())
-    dest = _DESTINATION.match(text, pos)
-    if not dest or _BAD_SCHEME.match(dest[0].strip("<>")):
-        return 0
-    end = _skip_blanks(text, dest.end())
-    title = _TITLE.match(text, end) if end > dest.end() else None
-    if title and "\n\n" not in title[0] and (eol := _TO_EOL.match(text, title.end())):
-        return eol.end()
-    eol = _TO_EOL.match(text, dest.end())
-    return eol.end() if eol else 0
 
 
 #: A paragraph this many lines long is taken for no definitions (a label holds 999 characters).
@@ -77,12 +42,14 @@ _RUN_LINES = 64
 
 
 def _definitions(lines: list[str]) -> int:
-    """How many of ``lines`` (a paragraph's, from its first) link definitions take, one after another."""
-    text = "\n".join(lines)
+    """How many of ``lines`` (a paragraph's, from its first) link definitions take, one after
+    another: mistletoe's own reader (``Footnote.match_reference``, as ``mdlimits`` patches it),
+    which reads these lines again when the container is parsed."""
+    text = "\n".join(lines) + "\n"
     pos = 0
-    while pos < len(text) and (took := _definition(text[pos:])):
-        pos += took
-    return len(lines) if pos >= len(text) else text.count("\n", 0, pos)
+    while pos < len(text) and (found := block_token.Footnote.match_reference(text, pos)):  # type: ignore[no-untyped-call]
+        pos = found[0]
+    return text.count("\n", 0, pos)
 
 
 #: What ends an HTML block of kind 1 (CommonMark 4.6): any of the four end tags.
@@ -132,7 +99,7 @@ class Blocks:
     __slots__ = ("_todo", "fence", "html_end", "last", "leaf", "run", "stack")
 
     def __init__(self) -> None:
-        #: lines fed and not read yet (None: a lazy line): they are read only when ``paragraph``
+        #: lines fed and not read yet, and whether each was lazy: they are read only when ``goes_on``
         #: is asked, which a container does only at a line that may be lazy. A staircase of
         #: nested lists asks no container, and each level would read every line below it.
         self._todo: list[tuple[str, bool]] = []  #: (line, lazy)
