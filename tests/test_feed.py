@@ -423,3 +423,46 @@ def test_a_first_sync_makes_the_hash_index_at_its_end(tmp_path: Path, monkeypatc
     assert dropped == ["x"]
     renames = {e["old"]: e["match"] for e in lines_of(out, seq) if e["event"] == "ingest.redirect"}
     assert renames == dict.fromkeys(old, "rename")
+
+
+def test_a_big_sync_copies_its_wal_into_the_database_while_it_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a commit that grew the WAL by ``BEHIND_BYTES``, a thread copies it into the
+    database (PASSIVE, its own connection) while the sync goes on; ``close`` waits for it,
+    and what the sync recorded is what a sync without those copies records."""
+    from pipeline.run import db as db_mod
+
+    corpus, out = corpus_of(tmp_path, 40)
+    ingest(Options(corpus=corpus, out=tmp_path / "plain", jobs=1))
+    started: list[Path] = []
+    copy = db_mod._checkpoint
+    monkeypatch.setattr(db_mod, "_checkpoint", lambda path: (started.append(path), copy(path))[1])
+    monkeypatch.setattr(db_mod, "BEHIND_BYTES", 1)
+    ingest(Options(corpus=corpus, out=out, jobs=1))
+    assert len(started) > 1  # transactions hold 1, 2, 4 … documents: several commits, several copies
+    assert set(started) == {db_path(out / STATE_DIR)}
+    assert not os.path.exists(f"{started[0]}-wal")  # closed: nothing left to copy
+
+    def stable(state: dict[str, Any]) -> dict[str, Any]:
+        return {rel: {k: v for k, v in doc.items() if k != "mtime_ns"} for rel, doc in state["docs"].items()}
+
+    assert stable(dump_state(out)) == stable(dump_state(tmp_path / "plain"))
+    assert len(lines_of(out)) == len(lines_of(tmp_path / "plain"))
+
+
+def test_checkpoint_behind_copies_committed_pages_and_waits_for_growth(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    db = StateDB(path)
+    with db.transaction():
+        feed_mod.append(db, [(f"f\x1f{n}", "w", 1, b"x" * 1000) for n in range(6000)])  # ~6 MB
+    assert path.stat().st_size < 1_000_000  # committed, in the WAL only
+    db.checkpoint_behind()
+    copier = db._checkpointer
+    assert copier is not None
+    copier.join()
+    assert path.stat().st_size > 6_000_000  # copied into the database
+    db.checkpoint_behind()  # the WAL has not grown since: no second copy
+    assert db._checkpointer is copier
+    db.close()
+    assert db._checkpointer is None

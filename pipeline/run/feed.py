@@ -136,13 +136,11 @@ def file_key(file: str) -> str:
     return "f\x1f" + file
 
 
-def append(db: StateDB, events: list[bytes], keys: list[str], kinds: list[str], texts: list[int]) -> None:
-    """Add lines inside the caller's transaction (they commit with the state they describe)."""
-    db.conn.executemany(
-        "INSERT INTO feed(key, kind, text, line) VALUES(?,?,?,?)",
-        list(zip(keys, kinds, texts, events, strict=True)),
-    )
-    db.add_meta("feed_rows", len(events))
+def append(db: StateDB, rows: list[tuple[str, str, int, bytes]]) -> None:
+    """Add lines, each ``(key, kind, text, line)``, inside the caller's transaction (they
+    commit with the state they describe)."""
+    db.conn.executemany("INSERT INTO feed(key, kind, text, line) VALUES(?,?,?,?)", rows)
+    db.add_meta("feed_rows", len(rows))
     reached("feed-append")  # in the transaction, not yet committed
 
 

@@ -628,7 +628,10 @@ class Session:
                     touched_mtimes[f.rel_path] = mtime
                 summary.skipped += 1
                 continue
-            jobs.append(self._job(f, db.entry(f.rel_path), processed_at, trusted=not forced, fresh=empty_out))
+            if stamp is None:  # no row: nothing to look up, now or when its result is recorded
+                run.unrecorded.add(rel)
+            entry = None if stamp is None else db.entry(rel)
+            jobs.append(self._job(f, entry, processed_at, trusted=not forced, fresh=empty_out))
         del stamps
         sweep_now = paths is None and (opts.full or self.sweep_due)
         touched = {j.rel_path for j in jobs} | set(gone)

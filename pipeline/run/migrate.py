@@ -43,8 +43,7 @@ def migrate(out: Path, db: StateDB) -> str | None:
     run_id = "migration-" + str(manifest.get("run_id", ""))
     chunks = 0
     with db.transaction():
-        lines: list[bytes] = []
-        keys: list[str] = []
+        rows: list[tuple[str, str, int, bytes]] = []  #: feed rows (``feed.append``)
         for rel in sorted(docs):
             entry = docs[rel]
             db.put_doc(rel, entry, generation)
@@ -53,12 +52,11 @@ def migrate(out: Path, db: StateDB) -> str | None:
             for i, file in enumerate(files):
                 line = {**base, "mem_hash": hashes[i], "file": file, "id": ids[i], "chunk_id": cids[i]}
                 line.update(hash=hashes[i], source=rel, change="text")
-                lines.append(orjson.dumps(line))
-                keys.append("f\x1f" + file)
+                rows.append(("f\x1f" + file, "w", 1, orjson.dumps(line)))
             chunks += len(files)
         from pipeline.run import feed as feed_mod
 
-        feed_mod.append(db, lines, keys, ["w"] * len(lines), [1] * len(lines))
+        feed_mod.append(db, rows)
         for old, new in redirects.items():
             if isinstance(new, str):
                 db.set_redirect(str(old), new)

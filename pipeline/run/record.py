@@ -70,10 +70,12 @@ class Run:
     #: chunks "made now" (a rename's new place) are those of this generation or later: the
     #: generation of the first of the runs that died before this one finished their work
     made_since: int = 0
+    #: documents the state had no row for when their jobs were made (``fold`` looks none up)
+    unrecorded: set[str] = field(default_factory=set)
     recorded: set[str] = field(default_factory=set)  #: output folders whose mtime was recorded now
     left: bool = False  #: a stale file could not be removed
     error: Exception | None = None  #: the state could not be written
-    said: list[tuple[bytes, str, str, int]] = field(default_factory=list)
+    said: list[tuple[str, str, int, bytes]] = field(default_factory=list)  #: feed rows (``feed.append``)
     #: the documents recorded in the open transaction ("" for a sweep), not committed yet
     pending: list[str] = field(default_factory=list)
     opened: float = 0.0  #: when the open transaction began (``time.monotonic``)
@@ -86,13 +88,12 @@ class Run:
     def say(self, kind: str, *, text: int = 0, **fields: Any) -> None:
         """One change-feed line (the 004 envelope); written with the transaction (``flush``)."""
         line = event(kind, self.run_id, self.generation, **fields)
-        self.said.append((orjson.dumps(line), feed_mod.key_of(line), _KIND.get(kind, "o"), text))
+        self.said.append((feed_mod.key_of(line), _KIND.get(kind, "o"), text, orjson.dumps(line)))
 
     def flush(self) -> None:
         if self.said:
-            lines, keys, kinds, texts = (list(x) for x in zip(*self.said, strict=True))
-            feed_mod.append(self.db, lines, keys, kinds, texts)
-            self.said.clear()
+            feed_mod.append(self.db, self.said)
+            self.said = []
 
     def record(self, rel: str, work: Any) -> bool:
         """Run ``work()`` in the open transaction with the lines it says; False when it failed.
@@ -138,6 +139,8 @@ class Run:
         self.pending.clear()
         self.folder_mtimes.clear()
         self.room = min(2 * self.room, self.batch)
+        if self.batch > 1:  # a big sync: its next documents are recorded while the WAL is copied
+            self.db.checkpoint_behind()
         return True
 
     def _failed(self, exc: Exception | None) -> None:
@@ -167,7 +170,8 @@ def fold(result: DocResult, run: Run, rev_width: int | None = None) -> None:
     summary.changed += len(result.changed)
     summary.unchanged += len(result.files) - len(result.added) - len(result.changed)
     summary.written += result.written
-    prev = db.entry(rel) or {}
+    known = rel not in run.unrecorded or rel in run.processed  # a re-run (``_widen_collisions``)
+    prev = (db.entry(rel) if known else None) or {}
     if rev_width is None:
         rev_width = int(prev.get("rev_width", 8)) if prev.get("uid_rev") == result.uid_rev else 8
     entry = {
@@ -237,7 +241,7 @@ def _announce_writes(result: DocResult, prev: dict[str, Any], run: Run) -> None:
         }
         if before.get(file, chunk_id) != chunk_id:
             fields["prev_chunk_id"] = before[file]  # for a loader keyed by chunk_id
-        run.said.append((lead + orjson.dumps(fields)[1:], feed_mod.file_key(file), "w", int(text)))
+        run.said.append((feed_mod.file_key(file), "w", int(text), lead + orjson.dumps(fields)[1:]))
 
 
 def _seen_whole(run: Run, rel: str) -> None:
