@@ -451,18 +451,32 @@ def test_a_big_sync_copies_its_wal_into_the_database_while_it_goes_on(
     assert len(lines_of(out)) == len(lines_of(tmp_path / "plain"))
 
 
-def test_checkpoint_behind_copies_committed_pages_and_waits_for_growth(tmp_path: Path) -> None:
+def test_checkpoint_behind_copies_committed_pages_one_copy_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from pipeline.run import db as db_mod
+
     path = tmp_path / "state.sqlite"
     db = StateDB(path)
     with db.transaction():
+        feed_mod.append(db, [(f"f\x1f{n}", "w", 1, b"x" * 100) for n in range(100)])
+    db.checkpoint_behind()  # a small WAL: left to close
+    assert db._checkpointer is None
+    with db.transaction():
         feed_mod.append(db, [(f"f\x1f{n}", "w", 1, b"x" * 1000) for n in range(6000)])  # ~6 MB
     assert path.stat().st_size < 1_000_000  # committed, in the WAL only
+    go = threading.Event()
+    copy = db_mod._checkpoint
+    monkeypatch.setattr(db_mod, "_checkpoint", lambda p: (go.wait(10), copy(p))[1])
     db.checkpoint_behind()
     copier = db._checkpointer
-    assert copier is not None
-    copier.join()
-    assert path.stat().st_size > 6_000_000  # copied into the database
-    db.checkpoint_behind()  # the WAL has not grown since: no second copy
+    assert copier is not None and copier.is_alive()
+    db.checkpoint_behind()  # while it copies, no second copy starts
     assert db._checkpointer is copier
+    go.set()
+    copier.join()
+    assert path.stat().st_size > 6_000_000  # copied into the database, before close
     db.close()
     assert db._checkpointer is None
