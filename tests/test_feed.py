@@ -449,6 +449,16 @@ def test_a_big_sync_copies_its_wal_into_the_database_while_it_goes_on(
 
     assert stable(dump_state(out)) == stable(dump_state(tmp_path / "plain"))
     assert len(lines_of(out)) == len(lines_of(tmp_path / "plain"))
+    # a progress bar (each document committed alone) copies behind too; a watch's save does not
+    started.clear()
+    ingest(Options(corpus=corpus, out=tmp_path / "shown", jobs=1), on_result=lambda _r: None)
+    assert len(started) > 1
+    started.clear()
+    with Session(Options(corpus=corpus, out=tmp_path / "watched", jobs=1)) as session:  # as ``watch`` does
+        session.sync(on_result=lambda _r: None)
+        (corpus / "doc0.md").write_text(DOC.format(n="zero"))
+        session.sync(["doc0.md"], on_result=lambda _r: None)
+    assert started == []
 
 
 def test_checkpoint_behind_copies_committed_pages_one_copy_at_a_time(

@@ -191,11 +191,12 @@ class StateDB:
     def checkpoint_behind(self) -> None:
         """Copy the WAL's committed pages into the database on a thread of its own (PASSIVE).
 
-        Called after each commit of a big sync: unless a copy is still under way, or the WAL
-        is smaller than ``BEHIND_BYTES``, one begins on its own connection (SQLite releases
-        the GIL while it copies and syncs), and the writer goes on meanwhile. What the last
-        copy left is all that ``close`` copies: a big sync otherwise ended on the whole
-        WAL's copy and its two ``fsync`` calls, every worker done by then.
+        Called after each commit of an ``ingest`` (not of a ``watch`` save): unless a copy is
+        still under way, or the WAL is smaller than ``BEHIND_BYTES``, one begins on its own
+        connection (SQLite releases the GIL while it copies and syncs), and the writer goes
+        on meanwhile. What the last copy left is all that ``close`` copies: a big sync
+        otherwise ended on the whole WAL's copy and its two ``fsync`` calls, every worker
+        done by then.
         """
         worker = self._checkpointer
         if (worker is not None and worker.is_alive()) or self._wal_bytes() < BEHIND_BYTES:

@@ -542,6 +542,7 @@ class Session:
             set(self.recovering),
         )
         run.whole = paths is None
+        run.copy_behind = self.one_shot
         run.summary.warnings.extend(self.notes)
         self.notes = []
         return self._sync(run, paths, on_start, on_result)

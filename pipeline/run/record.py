@@ -84,6 +84,8 @@ class Run:
     room: int = 1  #: documents the open transaction may hold: doubled at each commit, up to ``batch``
     #: the most documents in one transaction: 1 when the caller hears of each as it is recorded
     batch: int = BATCH
+    #: a one-shot sync (``ingest``, not a ``watch`` save): the WAL is copied behind its commits
+    copy_behind: bool = False
 
     def say(self, kind: str, *, text: int = 0, **fields: Any) -> None:
         """One change-feed line (the 004 envelope); written with the transaction (``flush``)."""
@@ -139,7 +141,7 @@ class Run:
         self.pending.clear()
         self.folder_mtimes.clear()
         self.room = min(2 * self.room, self.batch)
-        if self.batch > 1:  # a big sync: its next documents are recorded while the WAL is copied
+        if self.copy_behind:  # its next documents are recorded while the WAL is copied
             self.db.checkpoint_behind()
         return True
 
