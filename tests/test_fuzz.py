@@ -544,6 +544,11 @@ def test_a_declaration_is_an_ascii_letter_of_either_case(text: str) -> None:
         "> [a]:\n> \u00a0/u\nalpha\n===\n",  # the same on the next line
         # the random phase's finding (CI seed 4061213611): a definition over two lines, deep in a list in a quote
         "\ufeffalpha\n> - > > > > alpha\n>   > - [a]:\n>   >   /u\nalpha\n===\n",
+        # CI seed 1157036083: a lazy line that is a definition of its own takes no part in the one
+        # before it, so it ends the quote; the fence of the next quote keeps its second line
+        ">- [a]:u\n[a]:u\n>   ```\n> >\n",
+        ">- [a]: /u\n[b]: /v\n>   ```\n> >\n",
+        ">- [a]: /u\n\"t\"\n>   ```\n> >\n",  # a lazy title is the definition's: the item goes on
     ],
 )
 def test_link_definitions_take_their_lines_as_markdown_it_reads_them(text: str) -> None:

@@ -52,6 +52,20 @@ def _definitions(lines: list[str]) -> int:
     return text.count("\n", 0, pos)
 
 
+def _goes_into(lines: list[str], lazy: str) -> bool:
+    """Whether the link definition on the last of ``lines`` (each a definition's, from the
+    first) goes on into ``lazy``: its destination or title (``[a]:`` / ``/u``), not a
+    definition of its own (``[a]: /u`` / ``[b]: /v``), which to markdown-it ends the container."""
+    text = "\n".join([*lines, lazy]) + "\n"
+    boundary = len(text) - len(lazy) - 1  # where ``lazy`` begins
+    pos = 0
+    while pos < boundary and (found := block_token.Footnote.match_reference(text, pos)):  # type: ignore[no-untyped-call]
+        if found[0] > boundary:
+            return True  # it began before ``lazy`` and ends in it
+        pos = found[0]
+    return False
+
+
 #: What ends an HTML block of kind 1 (CommonMark 4.6): any of the four end tags.
 KIND_1_ENDS = ("</script>", "</pre>", "</style>", "</textarea>")
 
@@ -126,10 +140,9 @@ class Blocks:
                 self._read(line)
         if self.leaf != _PARAGRAPH:
             return False
-        if self.run is None:
-            return True
-        took = _definitions([*self.run, lazy.rstrip("\n")])
-        return took != len(self.run)
+        if self.run is None or _definitions(self.run) < len(self.run):
+            return True  # a paragraph (a line no definition takes) takes lazy lines
+        return _goes_into(self.run, lazy.rstrip("\n"))
 
     def lazy_line(self, line: str) -> None:
         """A line that went on with the paragraph without its container's marks."""
