@@ -25,6 +25,7 @@ and list items nested in and out of each other it lost the nesting, and a lazy
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from mistletoe import block_token
 
@@ -41,15 +42,20 @@ _LIST_MARK = re.compile(r"(?:([-+*])|([0-9]{1,9})[.)])(?=[ \t]|$)")
 _RUN_LINES = 64
 
 
-def _definitions(lines: list[str]) -> int:
-    """How many of ``lines`` (a paragraph's, from its first) link definitions take, one after
-    another: mistletoe's own reader (``Footnote.match_reference``, as ``mdlimits`` patches it),
-    which reads these lines again when the container is parsed."""
-    text = "\n".join(lines) + "\n"
+def _definition_ends(text: str) -> Iterator[int]:
+    """Where each of the link definitions ``text`` begins with ends, one after another:
+    mistletoe's own reader (``Footnote.match_reference``, as ``mdlimits`` patches it), which
+    reads these lines again when the container is parsed."""
     pos = 0
     while pos < len(text) and (found := block_token.Footnote.match_reference(text, pos)):  # type: ignore[no-untyped-call]
         pos = found[0]
-    return text.count("\n", 0, pos)
+        yield pos
+
+
+def _definitions(lines: list[str]) -> int:
+    """How many of ``lines`` (a paragraph's, from its first) link definitions take."""
+    text = "\n".join(lines) + "\n"
+    return text.count("\n", 0, max(_definition_ends(text), default=0))
 
 
 def _goes_into(lines: list[str], lazy: str) -> bool:
@@ -58,11 +64,11 @@ def _goes_into(lines: list[str], lazy: str) -> bool:
     definition of its own (``[a]: /u`` / ``[b]: /v``), which to markdown-it ends the container."""
     text = "\n".join([*lines, lazy]) + "\n"
     boundary = len(text) - len(lazy) - 1  # where ``lazy`` begins
-    pos = 0
-    while pos < boundary and (found := block_token.Footnote.match_reference(text, pos)):  # type: ignore[no-untyped-call]
-        if found[0] > boundary:
-            return True  # it began before ``lazy`` and ends in it
-        pos = found[0]
+    start = 0
+    for end in _definition_ends(text):
+        if end > boundary:
+            return start < boundary  # it began before ``lazy`` and ends in it
+        start = end
     return False
 
 
