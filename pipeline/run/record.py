@@ -70,7 +70,7 @@ class Run:
     #: chunks "made now" (a rename's new place) are those of this generation or later: the
     #: generation of the first of the runs that died before this one finished their work
     made_since: int = 0
-    #: documents the state had no row for when their jobs were made (``fold`` looks none up)
+    #: documents the state has no row for, from their jobs until ``fold`` (which looks none up)
     unrecorded: set[str] = field(default_factory=set)
     recorded: set[str] = field(default_factory=set)  #: output folders whose mtime was recorded now
     left: bool = False  #: a stale file could not be removed
@@ -172,8 +172,8 @@ def fold(result: DocResult, run: Run, rev_width: int | None = None) -> None:
     summary.changed += len(result.changed)
     summary.unchanged += len(result.files) - len(result.added) - len(result.changed)
     summary.written += result.written
-    known = rel not in run.unrecorded or rel in run.processed  # a re-run (``_widen_collisions``)
-    prev = (db.entry(rel) if known else None) or {}
+    prev = {} if rel in run.unrecorded else db.entry(rel) or {}
+    run.unrecorded.discard(rel)  # it may have a row from now on (a re-run, ``_widen_collisions``)
     if rev_width is None:
         rev_width = int(prev.get("rev_width", 8)) if prev.get("uid_rev") == result.uid_rev else 8
     entry = {
