@@ -49,7 +49,8 @@ from pipeline.errors import PipelineError, UsageError
 from pipeline.index.analyzer import query_terms
 from pipeline.index.expand import DEFAULT_BUDGET, SCOPES, ChunkFiles, ChunkSpan, expand
 from pipeline.index.identity import check_compatible, rebuild_hint
-from pipeline.index.store import ChunkRow, VectorStore, open_store, store_spec
+from pipeline.index.rows import ChunkRow
+from pipeline.index.vector_store import VectorStore, open_store, store_spec
 
 MODES = ("hybrid", "dense", "bm25")
 #: Hybrid fusion: ``zscore`` (the default) or ``rrf`` (reciprocal rank, ``RRF_K``).

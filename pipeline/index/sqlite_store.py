@@ -25,7 +25,8 @@ import numpy as np
 
 from pipeline.errors import UsageError
 from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, analyze, fts5_query
-from pipeline.index.store import TIE_MARGIN, ChunkRow, RowState, StoreError, Vector, best_first
+from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 #: Cache entries no live chunk uses are kept this many runs (an edit undone, a file moved
 #: out and back in, cost no embedding), then pruned.
