@@ -11,7 +11,7 @@ embedding nothing the store already took.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ import orjson
 
 from pipeline.adapters.changes import Cursor, CursorLostError, read_changes
 from pipeline.adapters.records import embed_digest
+from pipeline.chunkfolder import ChunkRecord, read_chunk_file_or_none
 from pipeline.errors import UsageError
 from pipeline.run.emit import write_atomic
 
@@ -29,7 +30,7 @@ STATE_FORMAT = 1
 class Target(Protocol):
     """A vector store as the sync drives it; ids are ``chunk_id``s."""
 
-    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
+    def upsert(self, records: Sequence[Mapping[str, Any]], replacing: Sequence[str]) -> None:
         """Embed the records' ``embedText`` and add them, replacing any with the same id.
 
         ``replacing``: the records' ids the store may hold already (added by an earlier sync).
@@ -81,7 +82,7 @@ class SyncState:
     chunks: dict[str, list[str]] = field(default_factory=dict)
 
 
-def embedded_text_changed(known: str | None, record: dict[str, Any]) -> bool:
+def embedded_text_changed(known: str | None, record: Mapping[str, Any]) -> bool:
     """Whether a written chunk must be embedded (again): the one rule of the sync.
 
     Compares the digest of what would be embedded with the one recorded when the store
@@ -228,7 +229,7 @@ def _upsert(
     batch_size: int,
 ) -> set[str]:
     """Embed and add what is new to the store; returns the ids found live in their files."""
-    pending: list[tuple[dict[str, Any], str, str]] = []
+    pending: list[tuple[ChunkRecord, str, str]] = []
     live: set[str] = set()
 
     def flush() -> None:
@@ -251,7 +252,7 @@ def _upsert(
         pending.clear()
 
     for cid, file in upserts.items():
-        record = _read(out / file)
+        record = read_chunk_file_or_none(out / file)
         if record is None or record.get("chunk_id") != cid:
             report.skipped += 1
             continue
@@ -267,11 +268,3 @@ def _upsert(
             flush()
     flush()
     return live
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        record = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None

@@ -19,8 +19,9 @@ from typing import Any
 
 import jsonschema
 
+from pipeline.audit.chunk_state import ChunkStore
 from pipeline.audit.resolve import suggest
-from pipeline.audit.store import ChunkStore
+from pipeline.chunkfolder import ChunkRecord
 from pipeline.errors import PipelineError, UsageError
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "answer.schema.json"
@@ -180,7 +181,7 @@ def check_answer(
         segments.append((f"segments[{k}].", seg))
     report.segments = len(segments)
     whitelist = allow_cross_section or answer.get("allow_cross_section") is True
-    records: dict[str, dict[str, Any] | None] = {}
+    records: dict[str, ChunkRecord | None] = {}
     for prefix, seg in segments:
         cits = seg.get("citations") if isinstance(seg, dict) else None
         if not isinstance(cits, list):
@@ -283,10 +284,10 @@ def _where(path: list[Any]) -> str:
 def _lookup(
     cit: dict[str, Any],
     store: ChunkStore,
-    records: dict[str, dict[str, Any] | None],
+    records: dict[str, ChunkRecord | None],
     where: str,
     report: CitationReport,
-) -> dict[str, Any] | None:
+) -> ChunkRecord | None:
     """The chunk record a citation names, or None (with a finding) when there is none."""
     snippet = cit.get("snippet_id")
     if not isinstance(snippet, str) or not snippet:
@@ -323,9 +324,9 @@ def _unknown(snippet: str, store: ChunkStore, where: str, report: CitationReport
 
 def _passage_span(
     cit: dict[str, Any],
-    rec: dict[str, Any] | None,
+    rec: ChunkRecord | None,
     store: ChunkStore,
-    records: dict[str, dict[str, Any] | None],
+    records: dict[str, ChunkRecord | None],
     where: str,
     report: CitationReport,
 ) -> tuple[int, int] | None:
@@ -349,7 +350,7 @@ def _passage_span(
     if snippet not in ids:
         report.problems.append(Finding("bad_passage", where, "chunk_ids", f"does not list {snippet!r}"))
         return None
-    members: list[dict[str, Any]] = []
+    members: list[ChunkRecord] = []
     for chunk_id in dict.fromkeys(ids):
         member = (
             rec if chunk_id == snippet else _lookup({"snippet_id": chunk_id}, store, records, where, report)
@@ -386,7 +387,7 @@ def _passage_span(
 
 def _check_fields(
     cit: dict[str, Any],
-    rec: dict[str, Any] | None,
+    rec: ChunkRecord | None,
     where: str,
     report: CitationReport,
     passage: tuple[int, int] | None = None,
@@ -439,7 +440,7 @@ def _check_fields(
         )
 
 
-def _section_key(rec: dict[str, Any] | None) -> tuple[str, str] | None:
+def _section_key(rec: ChunkRecord | None) -> tuple[str, str] | None:
     """The section a cited chunk lies in: (document, section path), as paths repeat across documents.
 
     A citation whose chunk is unknown is fenced by nothing: its own finding says enough.

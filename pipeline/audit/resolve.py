@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pipeline.audit.store import ChunkStore, Location, doc_name_of, uid_of
+from pipeline.audit.chunk_state import ChunkStore, Location, doc_name_of, uid_of
+from pipeline.chunkfolder import ChunkRecord
 from pipeline.errors import PipelineError
 from pipeline.stages.parse import Lines
 
@@ -52,7 +53,7 @@ class Resolved:
 
     query: str
     location: Location
-    record: dict[str, Any]
+    record: ChunkRecord
     source_path: Path
     #: ``current``: the source still holds the text at the chunk's offsets; ``moved``: it holds
     #: it elsewhere; ``changed``: it no longer holds it; ``missing``: there is no source.

@@ -83,8 +83,8 @@ def resolve_cmd(
     """Show the exact source span behind a chunk address, with line numbers and context."""
     from rich.text import Text
 
+    from pipeline.audit.chunk_state import open_store
     from pipeline.audit.resolve import UnknownIdError, resolve
-    from pipeline.audit.store import open_store
     from pipeline.cli.render import render_resolved
 
     try:
@@ -143,8 +143,8 @@ def check_citations_cmd(
     tokens, rev, analyzer; index_hash against the live index when there is one (`chunkyard index`).
     A --corpus given must exist (SPEC §7: every command takes one).
     """
+    from pipeline.audit.chunk_state import open_store
     from pipeline.audit.citations import check_answer, load_answer
-    from pipeline.audit.store import open_store
     from pipeline.cli.render import render_citations
     from pipeline.index.query import live_index_hash
 

@@ -131,7 +131,7 @@ def eval_cmd(
     nDCG@10 (the headline), recall within 1,000 / 2,000 tokens of retrieved text and
     citation match, per mode. Exit 0, or 2 when the gold set or the index cannot be used.
     """
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.evaluate.run import prompt_search, run_eval
 
     modes = _modes(mode)

@@ -204,7 +204,7 @@ def search_cmd(
 
 def _write_search_page(record: dict[str, Any], query: str, out: Path, html: Path) -> None:
     """``search --html FILE``: the hits inside their sources (issue 20), read through the chunk store."""
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.view import render_search
     from pipeline.view.page import write_page
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import blake3
 import orjson
 
+from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import PipelineError, UsageError
 from pipeline.run.state import flock_held
 
@@ -222,7 +223,7 @@ def store_spec(out: Path, store: str | Path | None) -> tuple[str, Path]:
     or any other path a SQLite file.
     """
     if store is None or str(store) == "":
-        return "sqlite", Path(out) / ".chunkyard" / DEFAULT_STORE
+        return "sqlite", Path(out) / STATE_DIR / DEFAULT_STORE
     text = str(store)
     for kind in STORE_KINDS:
         if text.startswith(kind + ":"):

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from pipeline.chunkfolder import STATE_DIR, iter_chunk_files, read_chunk_file_or_none
 from pipeline.errors import UsageError
 from pipeline.index.identity import (
     FORMAT,
@@ -51,7 +50,6 @@ from pipeline.index.store import (
     store_spec,
 )
 from pipeline.run.changes import CursorLostError, read_changes
-from pipeline.run.state import STATE_DIR
 
 #: Texts per call to the embedder; the cache is committed after each call (a killed run
 #: loses at most one batch of embedding work). ``CHUNKYARD_INDEX_BATCH`` overrides it.
@@ -303,11 +301,11 @@ def _plan(out: Path, db: VectorStore, cursor: str | None, report: IndexReport, f
             report.changes += 1
             report.cursor = change.cursor
     if full:
-        touched = set(_chunk_files(out))
+        touched = set(iter_chunk_files(out))
     report.full = full
     live: dict[str, ChunkRow] = {}
     for file in sorted(touched):
-        record = _read(out / file)
+        record = read_chunk_file_or_none(out / file)
         if record is not None and isinstance(record.get("chunk_id"), str):
             live[record["chunk_id"]] = ChunkRow.from_record(record, file)
     if full:
@@ -384,24 +382,6 @@ def _embed(
     if not report.reconcile:
         report.fixed.clear()
     return upserts
-
-
-def _chunk_files(out: Path) -> Iterator[str]:
-    """Every chunk file under ``out`` (``*.json`` outside ``.chunkyard/``), relative, POSIX."""
-    for root, dirs, files in os.walk(out):
-        dirs[:] = sorted(d for d in dirs if d != STATE_DIR)
-        rel = Path(root).relative_to(out)
-        for name in sorted(files):
-            if name.endswith(".json"):
-                yield (rel / name).as_posix()
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        record = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def _rebuild(

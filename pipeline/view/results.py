@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.audit.store import ChunkStore
+from pipeline.audit.chunk_state import ChunkStore
 from pipeline.view.page import page_bytes
 
 CONTEXT_CHARS = 400  #: source text shown either side of a hit
