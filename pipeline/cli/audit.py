@@ -143,8 +143,9 @@ def check_citations_cmd(
     tokens, rev, analyzer; index_hash against the live index when there is one (`chunkyard index`).
     A --corpus given must exist (SPEC §7: every command takes one).
     """
+    from pipeline.audit.answer import load_answer
     from pipeline.audit.chunk_state import open_store
-    from pipeline.audit.citations import check_answer, load_answer
+    from pipeline.audit.citations import check_answer
     from pipeline.cli.render import render_citations
     from pipeline.index.query import live_index_hash
 
