@@ -1,4 +1,4 @@
-"""Frozen values passed between the stages (SPEC §1)."""
+"""Frozen values passed between the stages (docs/spec.md, "Stages")."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ ChunkType = Literal[
 #: Files larger than this are refused (``--max-bytes``).
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 
-#: Block kinds that are never split (SPEC §4 rules 2, 3, 5).
+#: Block kinds that are never split (docs/spec.md, "Splitting" rules 2, 3, 5).
 ATOMIC_KINDS = frozenset({"code", "html", "formula", "image"})
 
 

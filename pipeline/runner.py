@@ -1,4 +1,4 @@
-"""The runner: the one place that knows the stage order (SPEC §1).
+"""The runner: the one place that knows the stage order (docs/spec.md, "Stages").
 
 ``chunk_document`` is the pure function every executor maps over:
 normalize → parse → sections → split → mint. It touches no disk: the I/O ends

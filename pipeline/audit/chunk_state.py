@@ -3,8 +3,8 @@
 Read-only: nothing here writes to the output folder, so ``validate``, ``resolve``
 and ``check-citations`` can run beside an ``ingest`` or a ``watch``. The state database
 is read through mappings that ask it per key (``docs``, ``redirects``, ``index``), so an
-audit holds no copy of the state, whatever the corpus size. See docs/spec.md, "State" and
-"Audit".
+audit holds no copy of the state, whatever the corpus size. See docs/spec.md, "State and
+scale" and "Audit".
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Audit: ``resolve`` — any chunk address → the exact span of the source, without embeddings (SPEC §8).
+"""Audit: ``resolve`` — any chunk address → the exact span of its source, without embeddings.
+
+The contract: docs/spec.md, "Audit".
 
 An address is a ``chunk_id``, an ``id`` (``doc:<name>::chN``), a chunk file (name
 or path), or a stale ``chunk_id`` that the redirect map sends to a live one.

@@ -1,4 +1,4 @@
-"""The command line: typer + rich, thin over the run and audit layers (SPEC §7).
+"""The command line: typer + rich, thin over the run and audit layers (docs/spec.md, "Command line").
 
 Each command lives in the module of its layer (``ingest``, ``audit``); the list below
 is the one place that registers them, in the order ``--help`` shows them.

@@ -1,4 +1,6 @@
-"""``chunkyard eval GOLD.jsonl``: a gold set asked of the index, scored (SPEC §9, 004's metrics pack).
+"""``chunkyard eval GOLD.jsonl``: a gold set asked of the index, scored as 004's metrics pack.
+
+The contract: docs/spec.md, "Index, search and evaluation".
 
 Thin over ``pipeline.evaluate.run.run_eval``: this module opens the index that
 ``chunkyard index`` built, hands its search function to ``run_eval``, and prints the pack

@@ -1,4 +1,7 @@
-"""`chunkyard index` and `chunkyard search` (SPEC §9): the change feed into a vector store, and queries."""
+"""`chunkyard index` and `chunkyard search`: the change feed into a vector store, and queries.
+
+The contract: docs/spec.md, "Index, search and evaluation".
+"""
 
 from __future__ import annotations
 

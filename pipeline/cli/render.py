@@ -1,4 +1,4 @@
-"""Rich output of the audit tools: ``validate``, ``resolve`` and ``check-citations`` (SPEC §8)."""
+"""Rich output of the audit tools ``validate``, ``resolve`` and ``check-citations`` (docs/spec.md, "Audit")."""
 
 from __future__ import annotations
 

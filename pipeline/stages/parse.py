@@ -1,4 +1,4 @@
-"""Stage parse: canonical text → blocks with exact char and line spans (SPEC §1).
+"""Stage parse: canonical text → blocks with exact char and line spans (docs/spec.md, "Stages").
 
 mistletoe gives each block token its start line only; the end of a block is
 where the next sibling starts, less trailing blank lines (a paragraph or a

@@ -1,4 +1,6 @@
-"""Pages for search results and evaluations, from their documented JSON shapes (SPEC §9, 001, 004).
+"""Pages for search results and evaluations, from their documented JSON shapes (001, 004).
+
+The contract: docs/spec.md, "Index, search and evaluation".
 
 ``render_search`` takes 004's retrieval result record whose ``items`` carry 001's citation
 payload (``doc_id``, ``section_id``, ``snippet_id``, ``source_url``, ``offsets {start, end,

@@ -88,7 +88,7 @@ def _install() -> None:
     block_token.List.pattern = re.compile(r" {0,3}(?:[0-9]{1,9}[.)]|[+\-*])(?:[ \t]*$|[ \t]+)")
     block_token.ListItem.pattern = re.compile(r"( {0,3})([0-9]{1,9}[.)]|[+\-*])($|[ \t]+)")
     block_token.ListItem.continuation_pattern = re.compile(r"([ \t]*)([^ \t\n].*\n|\n)")
-    block_token.add_token(HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (docs/spec.md)
+    block_token.add_token(HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (docs/spec.md, "Splitting")
     fastpath.NO_LETTER_START.add(HtmlBlock)  # it needs a ``<`` first, as mistletoe's
 
 
