@@ -81,8 +81,8 @@ class Block(NamedTuple):
 
     ``[start, end)`` is a char span with trailing blank lines dropped; lines are
     1-based and inclusive. Containers (list, item, quote) carry their children.
-    A named tuple, not a frozen dataclass: as immutable, and built ~6x faster (a
-    corpus makes hundreds of thousands of blocks and pieces).
+    A named tuple, not a frozen dataclass: as immutable, and built several times
+    faster (a corpus makes hundreds of thousands of blocks and pieces).
     """
 
     kind: BlockKind

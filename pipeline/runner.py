@@ -89,7 +89,7 @@ _COUNTERS: dict[str, Counter] = {}
 
 
 def counter(name: str) -> Counter:
-    """One token counter per tokenizer per process (loading a vocabulary takes ~0.2 s)."""
+    """One token counter per tokenizer per process (loading a vocabulary is slow)."""
     if name not in _COUNTERS:
         _COUNTERS[name] = Counter(name)
     return _COUNTERS[name]

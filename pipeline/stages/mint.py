@@ -188,7 +188,7 @@ def mint(
     total = len(drafts)
     if lines is None:
         from pipeline.stages.parse import (
-            Lines,  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
+            Lines,  # loading mistletoe is slow: not on a run with nothing to chunk
         )
 
         lines = Lines(doc.text)
