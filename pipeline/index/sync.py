@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import UsageError
 from pipeline.index.embed_step import EmbedExecutor, Progress, embed_uncached
 from pipeline.index.feedplan import FeedPlan, plan_feed
@@ -41,7 +42,6 @@ from pipeline.index.identity import (
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
-from pipeline.run.state import STATE_DIR
 
 
 @dataclass(slots=True)
