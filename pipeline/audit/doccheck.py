@@ -16,8 +16,8 @@ import orjson
 import xxhash
 from blake3 import blake3
 
+from pipeline.audit.chunk_state import doc_name_of
 from pipeline.audit.problems import STATE_DB_FILE, Problem
-from pipeline.audit.store import doc_name_of
 from pipeline.errors import PipelineError
 from pipeline.models import Policy, SourceDoc
 from pipeline.run.emit import fast_validator, stable_view, validator

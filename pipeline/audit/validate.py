@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
+from pipeline.audit.chunk_state import ChunkStore, open_store
 from pipeline.audit.doccheck import DocOutcome, DocTask, check_document
 from pipeline.audit.problems import CODES, STATE_DB_FILE, STATE_REDIRECTS, Problem, Report
-from pipeline.audit.store import ChunkStore, open_store
 from pipeline.models import Policy
 from pipeline.run.discover import discover, walk
 from pipeline.run.emit import fast_validator
