@@ -174,7 +174,8 @@ def _run_http(
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=5,
-        h11_max_incomplete_event_size=64 * 1024,  # request line + headers
+        h11_max_incomplete_event_size=512
+        * 1024,  # request line + headers: room for a 10^5-character query to be refused as JSON
     )
     server = uvicorn.Server(config)
     if not quiet:
