@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,6 +92,7 @@ class Client:
     def __init__(self, port: int, token: str | None = None) -> None:
         self.port = port
         self.token = token
+        self.proc: subprocess.Popen[bytes] | None = None  #: the server, when this client started it
 
     def raw(
         self, method: str, path: bytes | str, body: bytes | None = None, headers: dict[str, str] | None = None
@@ -123,6 +125,18 @@ class Client:
         return status, json.loads(data)
 
 
+def start(args: list[str], cwd: Path, port: int) -> subprocess.Popen[bytes]:
+    """``chunkyard serve ARGS --port PORT`` in a session of its own (a test may kill the whole
+    group); stderr goes to a file, so that a chatty server never blocks on a full pipe."""
+    return subprocess.Popen(
+        [CHUNKYARD, "serve", *args, "--port", str(port), "--quiet"],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=tempfile.TemporaryFile(),
+        start_new_session=True,
+    )
+
+
 @contextmanager
 def served(
     args: list[str], cwd: Path, *, ready: str = "/v1/health", timeout: float = 180
@@ -130,16 +144,11 @@ def served(
     """``chunkyard serve ARGS --port P`` on 127.0.0.1 until the block ends (SIGTERM, then SIGKILL)."""
     port = free_port()
     token = args[args.index("--token") + 1] if "--token" in args else None
-    proc = subprocess.Popen(
-        [CHUNKYARD, "serve", *args, "--port", str(port), "--quiet"],
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = start(args, cwd, port)
     client = Client(port, token)
+    client.proc = proc
     try:
         wait_until(lambda: _answers(client, ready), timeout, proc)
-        client.proc = proc  # type: ignore[attr-defined]
         yield client
     finally:
         stop(proc)
@@ -159,19 +168,26 @@ def wait_until(check: Any, timeout: float, proc: subprocess.Popen[bytes] | None 
         if check():
             return
         if proc is not None and proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise AssertionError(f"chunkyard serve exited with {proc.returncode}: {err[-2000:]}")
+            raise AssertionError(f"chunkyard serve exited with {proc.returncode}: {stderr_of(proc)[-2000:]}")
         time.sleep(0.1)
     raise AssertionError(f"not ready within {timeout} s")
 
 
+def stderr_of(proc: subprocess.Popen[bytes]) -> str:
+    if proc.stderr is None:
+        return ""
+    proc.stderr.seek(0)
+    return proc.stderr.read().decode(errors="replace")
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (serve stops its writer, which finishes its sync), then SIGKILL of the group."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     if proc.stderr is not None:
         proc.stderr.close()

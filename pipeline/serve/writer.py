@@ -6,8 +6,8 @@ child, the writer shares nothing with the server but the files: it commits each 
 run in one transaction (``pipeline.index.sync``), and the server's readers see the last
 committed index (``pipeline.serve.handle``), never a half-applied one.
 
-The child reads its standard input and stops when it closes: the server died, even by
-SIGKILL, so no writer outlives it and keeps the folder's lock. Stopping is ``Watcher.stop``:
+The child reads its standard input and stops when it closes, or when its parent changes:
+the server died, even by SIGKILL, so no writer outlives it and keeps the folder's lock. Stopping is ``Watcher.stop``:
 the sync under way finishes, the lock is released; a writer killed outright leaves atomic
 chunk files, a feed and an index that the next run converges from (``watch`` and
 ``index`` guarantee it).
@@ -83,15 +83,19 @@ class Indexer:
 def run(corpus: Path, out: Path, store: str | None, debounce: float = DEFAULT_DEBOUNCE) -> int:
     """Watch and index until standard input closes or SIGTERM; 0, or 1 when watching failed."""
     stop = threading.Event()
+    parent = os.getppid()
 
-    def stdin_closed() -> None:
+    def input_closed() -> None:
+        # os.read, not sys.stdin: a thread blocked in sys.stdin holds its lock, and a forked
+        # chunking worker that closes its stdin (multiprocessing does) would wait for it forever
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(0, 4096):
                 pass
-        finally:
-            stop.set()
+        except OSError:
+            pass
+        stop.set()
 
-    threading.Thread(target=stdin_closed, name="chunkyard-parent", daemon=True).start()
+    threading.Thread(target=input_closed, name="chunkyard-parent", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     opts = Options(corpus=corpus, out=out, jobs=1, wait=True)
@@ -104,7 +108,8 @@ def run(corpus: Path, out: Path, store: str | None, debounce: float = DEFAULT_DE
         say("error", message=str(exc), fatal=True)
         return 1
     while not stop.wait(0.2) and watcher.fatal is None and not watcher.done.is_set():
-        pass
+        if os.getppid() != parent:  # the server is gone (its pipe may live on in a grandchild)
+            break
     watcher.stop()
     if watcher.fatal is not None:
         say("error", message=watcher.fatal, fatal=True)
