@@ -8,7 +8,7 @@ OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: install ingest test lint bench bench-watch bench-retrieval bench-adapters fuzz watch clean
-.PHONY: bench-index
+.PHONY: bench-index bench-serve
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,9 @@ bench-scale: $(STAMP) ## issue 15: one edit, watch save, no-change run, RSS, fee
 
 bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
+
+bench-serve: $(STAMP) ## chunkyard serve: 16 clients x 60 s on loopback (p50/p95/p99, queries/s, errors) vs the CLI; save -> found under --watch
+	$(BIN)/python bench/serve_load.py --watch $(BENCH_ARGS)
 
 bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index
 	$(BIN)/python bench/index_bench.py $(BENCH_ARGS)
