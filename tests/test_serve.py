@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -278,3 +279,15 @@ def test_mcp_over_stdio(folders: tuple[Path, Path]) -> None:
     )
     seen = anyio.run(drive_mcp, McpClient(params, read_timeout_seconds=180))
     check_mcp_answers(seen, corpus)
+
+
+def test_the_web_stack_loads_only_for_serve() -> None:
+    code = (
+        "import sys, pipeline.cli.app, pipeline.serve.handle; from pipeline import open_index; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('fastapi', 'starlette', 'uvicorn', 'mcp', 'prometheus_client', 'pydantic')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    helped = subprocess.run([CHUNKYARD, "serve", "--help"], capture_output=True, text=True, check=True)
+    assert "--watch" in helped.stdout and "--token" in helped.stdout and "--mcp" in helped.stdout

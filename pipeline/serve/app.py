@@ -78,11 +78,11 @@ class Guard:
         started = time.perf_counter()
         path = scope.get("path", "")
         route = path.rstrip("/") if path.rstrip("/") in ROUTES else "other"
-        status = {"code": 500}
+        status = {"code": 500, "started": 0}
 
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status["code"] = int(message["status"])
+                status["code"], status["started"] = int(message["status"]), 1
             await send(message)
 
         try:
@@ -101,7 +101,7 @@ class Guard:
                 self.in_flight -= 1
         except Exception:
             log.exception("chunkyard serve: %s %s failed", scope.get("method"), path)
-            if status["code"] == 500:  # nothing sent yet (a response under way cannot be replaced)
+            if not status["started"]:  # a response under way cannot be replaced
                 error = as_serve_error(RuntimeError())
                 with contextlib.suppress(Exception):
                     await _send_json(counted_send, error.status, error.body(), [])
@@ -247,6 +247,12 @@ def create_app(
         first = details[0] if details else {"where": "(request)", "message": "invalid request"}
         error = ServeError(400, "bad_request", f"{first['where']}: {first['message']}", {"details": details})
         return JSONResponse(error.body(), status_code=400)
+
+    @api.exception_handler(Exception)
+    async def on_anything(_: Request, exc: Exception) -> JSONResponse:
+        log.error("chunkyard serve: internal error", exc_info=exc)
+        error = as_serve_error(exc)
+        return JSONResponse(error.body(), status_code=error.status)
 
     @api.exception_handler(StarletteHTTPException)
     async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
