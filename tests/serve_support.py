@@ -37,6 +37,7 @@ SUBSET = (
     "docs/en/docs/tutorial/extra-models.md",
 )
 _TEMPLATE: dict[str, Path] = {}
+_LOGS: dict[int, Any] = {}  #: a started server's pid -> its stderr file
 
 
 def need_corpus() -> None:
@@ -128,13 +129,16 @@ class Client:
 def start(args: list[str], cwd: Path, port: int) -> subprocess.Popen[bytes]:
     """``chunkyard serve ARGS --port PORT`` in a session of its own (a test may kill the whole
     group); stderr goes to a file, so that a chatty server never blocks on a full pipe."""
-    return subprocess.Popen(
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop(), after the server
+    proc = subprocess.Popen(
         [CHUNKYARD, "serve", *args, "--port", str(port), "--quiet"],
         cwd=cwd,
         stdout=subprocess.DEVNULL,
-        stderr=tempfile.TemporaryFile(),
+        stderr=log,
         start_new_session=True,
     )
+    _LOGS[proc.pid] = log
+    return proc
 
 
 @contextmanager
@@ -174,10 +178,11 @@ def wait_until(check: Any, timeout: float, proc: subprocess.Popen[bytes] | None 
 
 
 def stderr_of(proc: subprocess.Popen[bytes]) -> str:
-    if proc.stderr is None:
+    log = _LOGS.get(proc.pid)
+    if log is None:
         return ""
-    proc.stderr.seek(0)
-    return proc.stderr.read().decode(errors="replace")
+    log.seek(0)
+    return log.read().decode(errors="replace")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -189,8 +194,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    if proc.stderr is not None:
-        proc.stderr.close()
+    log = _LOGS.pop(proc.pid, None)
+    if log is not None:
+        log.close()
 
 
 def without_volatile(record: dict[str, Any]) -> dict[str, Any]:

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
+from pipeline.audit.chunk_state import ChunkStore
+from pipeline.audit.chunk_state import open_store as open_chunk_store
 from pipeline.audit.resolve import UnknownIdError, find, resolve
-from pipeline.audit.store import ChunkStore
-from pipeline.audit.store import open_store as open_chunk_store
 from pipeline.errors import PipelineError, UsageError
 from pipeline.index.expand import DEFAULT_BUDGET
-from pipeline.index.query import MODES, Searcher
-from pipeline.index.store import open_store, store_spec
+from pipeline.index.fusion import MODES
+from pipeline.index.query import Searcher
+from pipeline.index.vector_store import open_store, store_spec
 
 #: A query is run again at most this many times when commits keep landing under it (each
 #: run takes milliseconds, a commit comes at most once per save).
@@ -263,7 +264,8 @@ class IndexHandle:
             doc = store.source(rel)
         if doc is None:
             raise UnknownIdError(rel, [], "the document's source is gone or unreadable")
-        return doc.text
+        text: str = doc.text
+        return text
 
     # --- inside --------------------------------------------------------------------------
 

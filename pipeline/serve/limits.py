@@ -67,7 +67,7 @@ class ServeError(Exception):
 def as_serve_error(exc: BaseException) -> ServeError:
     """The code and status for one of chunkyard's errors (``internal`` for anything else)."""
     from pipeline.audit.resolve import UnknownIdError
-    from pipeline.index.store import IndexMismatchError
+    from pipeline.index.vector_store import IndexMismatchError
     from pipeline.serve.handle import BadIdError, NoIndexError
 
     if isinstance(exc, ServeError):
