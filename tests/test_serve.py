@@ -23,11 +23,12 @@ from tests.serve_support import (
     Client,
     gold_questions,
     indexed,
+    need_serve_stack,
     served,
     without_volatile,
 )
 
-pytest.importorskip("fastapi", reason="the extra 'serve' is not installed")
+need_serve_stack()
 from mcp import Client as McpClient
 from mcp.client.stdio import StdioServerParameters
 
@@ -291,3 +292,48 @@ def test_the_web_stack_loads_only_for_serve() -> None:
     assert done.stdout.strip() == "[]"
     helped = subprocess.run([CHUNKYARD, "serve", "--help"], capture_output=True, text=True, check=True)
     assert "--watch" in helped.stdout and "--token" in helped.stdout and "--mcp" in helped.stdout
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "../x.json",
+        "a/../../b",
+        "/etc/passwd",
+        "C:\\\\Windows",
+        "..\\\\..\\\\boot.ini",
+        "x\x00y",
+        "a\nb",
+        "z" * 2000,
+        " ",
+    ],
+)
+def test_addresses_that_could_leave_the_folder_are_refused(address: str) -> None:
+    from pipeline.serve.handle import BadIdError, check_address
+
+    with pytest.raises(BadIdError):
+        check_address(address)
+
+
+def test_ids_pass_as_they_are() -> None:
+    from pipeline.serve.handle import check_address
+
+    for ok in (
+        "guide|r=abc|s=1.2|p=000|b=000",
+        "doc:guides/setup::ch3",
+        "guides/doc_setup__ch3.json",
+        "a..b.md",
+    ):
+        assert check_address(f" {ok} ") == ok
+
+
+def test_only_loopback_binds_go_without_a_token() -> None:
+    from pipeline.errors import UsageError
+    from pipeline.serve.command import check_bind, is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.4", "example.com", "10.0.0.1"))
+    check_bind("0.0.0.0", "s3cret", False)
+    check_bind("0.0.0.0", None, True)
+    with pytest.raises(UsageError, match="--token"):
+        check_bind("0.0.0.0", None, False)

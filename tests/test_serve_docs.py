@@ -20,9 +20,9 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.serve_support import CHUNKYARD, ROOT, served
+from tests.serve_support import CHUNKYARD, ROOT, need_serve_stack, served
 
-pytest.importorskip("fastapi", reason="the extra 'serve' is not installed")
+need_serve_stack()
 from mcp import Client as McpClient
 from mcp.client.stdio import StdioServerParameters
 

@@ -17,12 +17,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import pytest
-
 from tests.index_support import chunk_state, run_ingest, store_state
-from tests.serve_support import CHUNKYARD, Client, free_port, indexed, served, start, wait_until
+from tests.serve_support import (
+    CHUNKYARD,
+    Client,
+    free_port,
+    indexed,
+    need_serve_stack,
+    served,
+    start,
+    wait_until,
+)
 
-pytest.importorskip("fastapi", reason="the extra 'serve' is not installed")
+need_serve_stack()
 
 WORD = "zanzibarquux"
 NEW_DOC = f"# Field notes\n\nThe {WORD} gateway forwards CORS preflight requests.\n"
