@@ -13,7 +13,7 @@ CHROMIUM ?= /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed,index,lancedb,ray]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; tests/test_ray.py needs ray
+	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed,index,lancedb,ray,scale]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; scale: Tantivy + usearch; tests/test_ray.py needs ray
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install chunkyard with its dev tools

@@ -40,6 +40,7 @@ from pipeline.index.identity import (
     rebuild_hint,
     summarize,
 )
+from pipeline.index.scale import scale_sync
 from pipeline.index.store import (
     ChunkRow,
     RowState,
@@ -108,6 +109,7 @@ class IndexReport:
     reconcile: bool = False
     fixed: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,11 +213,17 @@ def _run(
         }
         meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
         report.index_hash = meta["index_hash"]
+        scale = scale_sync(kind, path, embedder.dim, report)
         if not upserts and not plan.doomed and report.cursor == (stored.get("cursor") or None) and stored:
+            if scale is not None:
+                scale.settle(stored)
             return _done(report, started)  # nothing moved: the index stays as it is, generation too
         if on_progress:
             on_progress("commit", 0, 1)
+        replaced = scale.before(upserts, plan.doomed) if scale is not None else {}
         db.commit(upserts, plan.doomed, meta, model=embedder.name)
+        if scale is not None:  # the scale indexes follow the committed store (pipeline.index.scale)
+            scale.after(replaced, upserts, meta, stored.get("generation", "0"))
         if on_progress:
             on_progress("commit", 1, 1)
     finally:
