@@ -78,7 +78,7 @@ def chunk_rows(out: Path) -> list[Any]:
     """Every chunk file of ``out`` as a ``ChunkRow`` (sorted by file)."""
     import orjson
 
-    from pipeline.index.store import ChunkRow
+    from pipeline.index.rows import ChunkRow
 
     rows = []
     for root, dirs, files in os.walk(out):
@@ -158,7 +158,7 @@ def copies(originals: Sequence[Any], vectors: Any, count: int, seed: int) -> Ite
         cid = f"haystack/c{copy_no:04d}/{row.chunk_id}"
         vector = vectors[i] + noise.normal(0.0, NOISE, vectors.shape[1]).astype(np.float32)
         vector /= np.linalg.norm(vector)
-        from pipeline.index.store import digest_text
+        from pipeline.index.rows import digest_text
 
         yield (
             dataclasses.replace(

@@ -25,11 +25,11 @@ from langchain_text_splitters import TextSplitter
 
 from pipeline.adapters.folder import open_chunks
 from pipeline.adapters.records import chunk_records, flat_metadata
-from pipeline.adapters.sync import SyncReport, sync
+from pipeline.adapters.sync import StoreSyncReport, sync
 from pipeline.errors import PipelineError
 from pipeline.models import Policy
 
-__all__ = ("ChunkyardLoader", "ChunkyardTextSplitter", "SyncReport", "sync_vectorstore", "to_document")
+__all__ = ("ChunkyardLoader", "ChunkyardTextSplitter", "StoreSyncReport", "sync_vectorstore", "to_document")
 
 Content = Literal["embed", "original"]
 
@@ -153,7 +153,7 @@ def sync_vectorstore(
     content: Content = "embed",
     full: bool = False,
     batch_size: int = 128,
-) -> SyncReport:
+) -> StoreSyncReport:
     """Apply a chunk folder's change feed to any LangChain ``VectorStore``, from where it left off.
 
     Keyed by ``chunk_id`` (``add_documents(ids=…)``, ``delete(ids=…)``); a chunk is embedded

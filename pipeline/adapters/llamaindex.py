@@ -24,11 +24,11 @@ from llama_index.core.schema import BaseNode, Document, NodeRelationship, Relate
 
 from pipeline.adapters.folder import open_chunks
 from pipeline.adapters.records import chunk_records, embed_prefix, flat_metadata
-from pipeline.adapters.sync import SyncReport, sync
+from pipeline.adapters.sync import StoreSyncReport, sync
 from pipeline.errors import UsageError
 from pipeline.models import Policy
 
-__all__ = ("ChunkyardNodeParser", "ChunkyardReader", "SyncReport", "sync_vector_store", "to_node")
+__all__ = ("ChunkyardNodeParser", "ChunkyardReader", "StoreSyncReport", "sync_vector_store", "to_node")
 
 #: The metadata key that carries ``embedText``'s context line.
 CONTEXT_KEY = "context"
@@ -236,7 +236,7 @@ def sync_vector_store(
     embed_model: BaseEmbedding | None = None,
     full: bool = False,
     batch_size: int = 512,
-) -> SyncReport:
+) -> StoreSyncReport:
     """Apply a chunk folder's change feed to a LlamaIndex vector store, from where it left off.
 
     Keyed by ``chunk_id``; a chunk is embedded only when its embedded text is new to the

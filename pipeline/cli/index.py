@@ -53,8 +53,8 @@ def index_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Apply the change feed to the vector index: embed only what changed, delete what went."""
-    from pipeline.index.store import IndexMismatchError
     from pipeline.index.sync import index
+    from pipeline.index.vector_store import IndexMismatchError
 
     show = not quiet and not json_out and err.is_terminal
     progress = bar_progress(show)
@@ -160,7 +160,7 @@ def search_cmd(
     """Search the index: ranked passages (a hit and its ranked neighbours) with their source,
     lines and citation payload."""
     from pipeline.index.query import search
-    from pipeline.index.store import IndexMismatchError
+    from pipeline.index.vector_store import IndexMismatchError
 
     try:
         budget = 0 if no_expand else expand

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UsageError
-from pipeline.index.store import TIE_MARGIN, ChunkRow, Vector, best_first
+from pipeline.index.rows import ChunkRow, Vector
+from pipeline.index.vector_store import TIE_MARGIN, best_first
 
 SCALE_ENV = "CHUNKYARD_SCALE"
 MODES = ("auto", "on", "off")
