@@ -81,6 +81,10 @@ bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpu
 bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index
 	$(BIN)/python bench/index_bench.py $(BENCH_ARGS)
 
+.PHONY: bench-search-scale
+bench-search-scale: $(STAMP) ## issue 31: BM25 (Tantivy) and HNSW vs exact search at 100k (BENCH_ARGS="--sizes 100000 1000000") chunks in a haystack
+	$(BIN)/python bench/search_scale.py $(BENCH_ARGS)
+
 .PHONY: bench-ray
 bench-ray: $(STAMP) ## --executor ray vs the local pool, and the parent's cost per document (a loopback-only cluster: needs root)
 	$(BIN)/python bench/ray_overhead.py $(BENCH_ARGS)

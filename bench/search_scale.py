@@ -358,9 +358,52 @@ def measure_size(
                for mode in MODES}
         for name, qs in sets.items()
     }
+    row["edit"] = edit_cost(store, gold)
     row["load_after"] = os.getloadavg()
     log(json.dumps(row))
     return row
+
+
+def edit_cost(store: Path, gold: list[tuple[Any, Any]]) -> dict[str, float]:
+    """One document's chunks changed (a word appended, the vector nudged) and committed the way
+    ``chunkyard index`` commits (store, then both scale indexes, no rebuild), then put back:
+    seconds for each (embedding and planning excluded: they do not depend on the index size)."""
+    import dataclasses
+
+    import numpy as np
+
+    from pipeline.index.identity import index_hash
+    from pipeline.index.rows import digest_text
+    from pipeline.index.scale import SCALE_ENV, ScaleSync
+    from pipeline.index.sqlite_store import SqliteStore
+
+    os.environ[SCALE_ENV] = "on"
+    doc = gold[0][0].source_file
+    rows = [(r, v) for r, v in gold if r.source_file == doc]
+    edited = []
+    for r, v in rows:
+        text = r.embed_text + " zanzibarian"
+        nudged = np.asarray(v, dtype=np.float32) + np.float32(0.01)
+        edited.append((dataclasses.replace(r, embed_text=text, digest=digest_text(text)),
+                       nudged / np.linalg.norm(nudged)))
+    taken: dict[str, float] = {"chunks": float(len(rows))}
+    for name, upserts in (("edit", edited), ("undo", rows)):
+        db = SqliteStore(store)
+        stored = db.meta()
+        meta = {**stored, "generation": str(int(stored["generation"]) + 1)}
+        meta["index_hash"] = index_hash("sqlite-vec", meta, [], meta["generation"])
+        sync = ScaleSync(store, int(meta["dim"]))
+        started = time.perf_counter()
+        replaced = sync.before(upserts, ())
+        db.commit(upserts, (), meta, model=meta["embed_model"])
+        committed = time.perf_counter()
+        sync.after(replaced, upserts, meta, stored)
+        done = time.perf_counter()
+        db.close()
+        assert not sync.rebuilt, sync.rebuilt
+        taken[f"{name}_store_s"] = round(committed - started, 3)
+        taken[f"{name}_scale_s"] = round(done - committed, 3)
+    return taken
 
 
 def gold_alone(scratch: Path, corpora: dict[str, tuple[Path, Path]], gold: list[tuple[Any, Any]]) -> dict[str, Any]:

@@ -283,3 +283,21 @@ def test_sigkills_during_index_runs_leave_search_working_and_the_next_run_conver
     with Searcher(out, expand_tokens=0) as ask:
         record = ask.record("word3x", 1, "bm25")
         assert not record["warnings"] and "word3x" in record["items"][0]["text"]
+
+
+def test_rebuild_swaps_in_a_store_whose_scale_indexes_follow_it(fresh: tuple[Path, Path]) -> None:
+    _, out = fresh
+    store = _store(out)
+    report = index(out, rebuild=True)
+    assert report.reason == "rebuild"
+    assert not store.with_name(store.name + ".rebuild" + bm25_tantivy.SUFFIX).exists()
+    reader = StoreReader(store)
+    try:
+        current = reader.generation()
+    finally:
+        reader.close()
+    assert bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(store)).generation() == current
+    assert ann.HnswIndex(store, 384).generation() == current
+    with Searcher(out, expand_tokens=0) as ask:
+        record = ask.record("overlap between pieces", 3, "hybrid")
+        assert record["items"] and not record["warnings"]

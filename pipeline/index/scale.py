@@ -38,9 +38,16 @@ MODES = ("auto", "on", "off")
 BM25_MIN_CHUNKS = 50_000
 #: From this many chunks on, dense search runs on the HNSW graph (``auto``).
 ANN_MIN_CHUNKS = 100_000
-#: The ANN returns this many candidates per wanted hit (at least ``k + TIE_MARGIN``):
-#: re-scored exactly, cut at k.
+#: The graph is asked for this many times ``k + TIE_MARGIN`` candidates; they are scored
+#: again with the stored float32 vectors and cut at k (int8 distances misorder near ties).
+ANN_OVERFETCH = 2
 _BATCH = 500
+
+
+def stamp(meta: Mapping[str, str]) -> str:
+    """What a scale index records of the store it reflects: the generation and ``index_hash``
+    (a store built anew by ``--rebuild`` starts its generations again; its hash differs)."""
+    return f"{meta.get('generation', '0')}:{meta.get('index_hash', '')}"
 
 
 def scale_mode() -> str:
@@ -126,9 +133,14 @@ class StoreReader:
         self.conn.enable_load_extension(False)
 
     def generation(self) -> str:
-        for (value,) in self.conn.execute("SELECT value FROM meta WHERE key = 'generation'"):
-            return str(value)
-        return ""
+        """The store's ``stamp``: its generation and ``index_hash``."""
+        meta = {
+            str(k): str(v)
+            for k, v in self.conn.execute(
+                "SELECT key, value FROM meta WHERE key IN ('generation', 'index_hash')"
+            )
+        }
+        return stamp(meta)
 
     def rowids(self, chunk_ids: Collection[str]) -> dict[str, int]:
         found: dict[str, int] = {}
@@ -200,7 +212,24 @@ def scale_sync(kind: str, path: Path, dim: int, report: Any) -> ScaleSync | None
         if warning is not None:
             report.warnings.append(warning)
         return None
+    if path.name.endswith(".rebuild"):  # ``--rebuild``'s fresh store: they follow it once swapped in
+        return None
     return ScaleSync(path, dim, report)
+
+
+def settle_scale(kind: str, path: Path, report: Any) -> None:
+    """After ``--rebuild`` swapped a fresh store in: build its scale indexes (the old ones
+    name another store's stamp, so search ignores them until then)."""
+    if kind != "sqlite" or not path.exists():
+        return
+    reader = StoreReader(path)
+    try:
+        meta = {str(k): str(v) for k, v in reader.conn.execute("SELECT key, value FROM meta")}
+    finally:
+        reader.close()
+    sync = scale_sync(kind, path, int(meta.get("dim", "0") or 0), report)
+    if sync is not None and meta.get("dim"):
+        sync.settle(meta)
 
 
 class ScaleSync:
@@ -231,10 +260,11 @@ class ScaleSync:
         old: Mapping[str, int],
         upserts: Sequence[tuple[ChunkRow, Vector | None]],
         meta: Mapping[str, str],
-        previous: str,
+        stored: Mapping[str, str],
     ) -> None:
-        """Bring both indexes to the store's new generation (``meta``): the run's changes when
-        an index was at ``previous`` (the store's generation before the run), else a rebuild."""
+        """Bring both indexes to the store's new ``meta``: the run's changes when an index
+        reflects ``stored`` (the store's meta before the run), else a rebuild."""
+        previous = stamp(stored)
         changed = [(row, vector) for row, vector in upserts if vector is not None]
         reader = StoreReader(self.store_path)
         try:
@@ -245,10 +275,9 @@ class ScaleSync:
 
     def settle(self, meta: Mapping[str, str]) -> None:
         """A run with nothing to commit: rebuild a stale index, remove an unwanted one."""
-        generation = meta.get("generation", "")
         reader = StoreReader(self.store_path)
         try:
-            self._sync(reader, meta, None, {}, [], {}, current=generation)
+            self._sync(reader, meta, None, {}, [], {}, current=stamp(meta))
         finally:
             reader.close()
 
@@ -264,7 +293,7 @@ class ScaleSync:
     ) -> None:
         from pipeline.index import ann, bm25_tantivy
 
-        generation = meta.get("generation", "")
+        generation = stamp(meta)
         chunks = int(meta.get("chunks", "0") or 0)
         use_bm25, use_ann = wanted(chunks)
         warning = range_warning("sqlite-vec", chunks)
@@ -358,7 +387,7 @@ class ScaleSearch:
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]] | None:
         if self._ann is None or not self._current(self._ann.generation(), "ann", self.reader):
             return None
-        keys = self._ann.search(vector, k + TIE_MARGIN)
+        keys = self._ann.search(vector, ANN_OVERFETCH * (k + TIE_MARGIN))
         return best_first(self.reader.cosine(keys, vector), k)
 
     def warnings(self) -> list[str]:

@@ -40,7 +40,7 @@ from pipeline.index.identity import (
 )
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
-from pipeline.index.scale import scale_sync
+from pipeline.index.scale import scale_sync, settle_scale
 from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
 from pipeline.run.state import STATE_DIR
 
@@ -206,7 +206,7 @@ def _run(
         replaced = scale.before(upserts, plan.deletes) if scale is not None else {}
         db.commit(upserts, plan.deletes, meta, model=embedder.name)
         if scale is not None:  # the scale indexes follow the committed store (pipeline.index.scale)
-            scale.after(replaced, upserts, meta, stored.get("generation", "0"))
+            scale.after(replaced, upserts, meta, stored)
         if on_progress:
             on_progress("commit", 1, 1)
     finally:
@@ -317,6 +317,7 @@ def _rebuild(
             out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, executor=executor
         ),
     )
+    settle_scale(kind, path, report)  # the scale indexes follow the swapped-in store
     report.store = str(path)
     report.reason = "rebuild"
     return report
