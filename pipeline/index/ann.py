@@ -178,11 +178,20 @@ class HnswIndex:
 
     def remove(self) -> None:
         """Delete the graph and its state."""
-        state = self.state()
-        state_path(self.store_path).unlink(missing_ok=True)
-        if state.get("file"):
-            (self.store_path.parent / state["file"]).unlink(missing_ok=True)
+        remove(self.store_path)
         self._view = None
 
     def close(self) -> None:
         self._view = None
+
+
+def remove(store_path: Path) -> None:
+    """Delete the graph of the store at ``store_path`` and its state (no usearch needed)."""
+    target = state_path(store_path)
+    try:
+        name = str(orjson.loads(target.read_bytes()).get("file", ""))
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        name = ""
+    target.unlink(missing_ok=True)
+    if name:
+        (store_path.parent / name).unlink(missing_ok=True)

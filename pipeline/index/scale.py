@@ -214,6 +214,14 @@ def scale_sync(kind: str, path: Path, dim: int, report: Any) -> ScaleSync | None
         return None
     if path.name.endswith(".rebuild"):  # ``--rebuild``'s fresh store: they follow it once swapped in
         return None
+    from pipeline.index import ann, bm25_tantivy
+
+    exists = bm25_tantivy.folder_for(path).exists() or ann.state_path(path).exists()
+    if not exists and wanted(int(report.chunks)) == (False, False):
+        warning = range_warning("sqlite-vec", int(report.chunks))
+        if warning is not None:
+            report.warnings.append(warning)
+        return None  # nothing to keep in step: no cost for an index below the thresholds
     return ScaleSync(path, dim, report)
 
 
@@ -316,10 +324,10 @@ class ScaleSync:
                     self.rebuilt.append("bm25")
             finally:
                 lexical.close()
-        graph = ann.HnswIndex(self.store_path, self.dim)
         if not use_ann:
-            graph.remove()
+            ann.remove(self.store_path)
             return
+        graph = ann.HnswIndex(self.store_path, self.dim)
         have = graph.generation()
         if current is not None and have == current:
             return
