@@ -403,7 +403,7 @@ class ScaleSearch:
         names = {"bm25": "the BM25 index (Tantivy)", "ann": "the ANN index (HNSW)"}
         stale, self.stale = self.stale, set()
         return [
-            f"{names[n]} is behind the store (a run was interrupted): exact search answered "
+            f"{names[n]} is behind the store (a run is updating it, or was interrupted): exact search answered "
             "(hint: run `chunkyard index` to bring it up to date)"
             for n in sorted(stale)
         ]
