@@ -14,7 +14,7 @@ never does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ __all__ = ("ChunkyardLoader", "ChunkyardTextSplitter", "StoreSyncReport", "sync_
 Content = Literal["embed", "original"]
 
 
-def to_document(record: dict[str, Any], content: Content = "embed") -> Document:
+def to_document(record: Mapping[str, Any], content: Content = "embed") -> Document:
     """One chunk record as a LangChain ``Document``.
 
     Args:
@@ -133,7 +133,7 @@ class _VectorStoreTarget:
         self.store = store
         self.content: Content = content
 
-    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
+    def upsert(self, records: Sequence[Mapping[str, Any]], replacing: Sequence[str]) -> None:
         docs = [to_document(r, self.content) for r in records]
         self.store.add_documents(docs, ids=[r["chunk_id"] for r in records])
 

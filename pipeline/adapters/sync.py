@@ -13,7 +13,7 @@ changes and converges, embedding nothing the store already took.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -22,6 +22,7 @@ import orjson
 
 from pipeline.adapters.changes import Cursor
 from pipeline.adapters.records import embed_digest
+from pipeline.chunkfolder import ChunkRecord
 from pipeline.errors import UsageError
 from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.run.emit import write_atomic
@@ -32,7 +33,7 @@ STATE_FORMAT = 1
 class Target(Protocol):
     """A vector store as the sync drives it; ids are ``chunk_id``s."""
 
-    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
+    def upsert(self, records: Sequence[Mapping[str, Any]], replacing: Sequence[str]) -> None:
         """Embed the records' ``embedText`` and add them, replacing any with the same id.
 
         ``replacing``: the records' ids the store may hold already (added by an earlier sync).
@@ -84,7 +85,7 @@ class SyncState:
     chunks: dict[str, list[str]] = field(default_factory=dict)
 
 
-def embedded_text_changed(known: str | None, record: dict[str, Any]) -> bool:
+def embedded_text_changed(known: str | None, record: Mapping[str, Any]) -> bool:
     """Whether a written chunk must be embedded (again): the one rule of the sync.
 
     Compares the digest of what would be embedded with the one recorded when the store
@@ -200,7 +201,7 @@ def _upsert(
     target: Target, state: SyncState, plan: FeedPlan[HeldChunk], report: StoreSyncReport, batch_size: int
 ) -> None:
     """Embed and add the planned upserts whose embedded text is new to the store."""
-    pending: list[tuple[dict[str, Any], str, str]] = []
+    pending: list[tuple[ChunkRecord, str, str]] = []
 
     def flush() -> None:
         if not pending:

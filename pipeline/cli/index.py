@@ -1,4 +1,7 @@
-"""`chunkyard index` and `chunkyard search` (SPEC §9): the change feed into a vector store, and queries."""
+"""`chunkyard index` and `chunkyard search`: the change feed into a vector store, and queries.
+
+The contract: docs/spec.md, "Index, search and evaluation".
+"""
 
 from __future__ import annotations
 
@@ -206,7 +209,7 @@ def search_cmd(
 
 def _write_search_page(record: dict[str, Any], query: str, out: Path, html: Path) -> None:
     """``search --html FILE``: the hits inside their sources (issue 20), read through the chunk store."""
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.view import render_search
     from pipeline.view.page import write_page
 

@@ -29,16 +29,13 @@ the consumer's states for those files and the ids the feed names are asked for.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-import orjson
-
+from pipeline.chunkfolder import ChunkRecord, iter_chunk_files, read_chunk_file_or_none
 from pipeline.run.changes import Cursor, CursorLostError, read_changes
-from pipeline.run.state import STATE_DIR
 
 #: ``FeedPlan.reason`` when the feed no longer reached the cursor.
 CURSOR_LOST = "the feed no longer reaches the cursor"
@@ -72,7 +69,7 @@ class LiveChunk:
     """A chunk as its file holds it now: the file (relative to the chunk folder) and its record."""
 
     file: str
-    record: dict[str, Any]
+    record: ChunkRecord
 
 
 @dataclass(slots=True)
@@ -143,10 +140,10 @@ def plan_feed(
             plan.changes += 1
             plan.cursor = change.cursor
     if plan.full:
-        touched = set(chunk_files(out))
+        touched = set(iter_chunk_files(out))
     holder: dict[str, str] = {}  #: chunk file → the id it holds now
     for file in sorted(touched):
-        record = read_record(out / file)
+        record = read_chunk_file_or_none(out / file)
         if record is not None and isinstance(record.get("chunk_id"), str):
             plan.upserts[record["chunk_id"]] = LiveChunk(file, record)
             holder[file] = record["chunk_id"]
@@ -161,22 +158,3 @@ def plan_feed(
         plan.deletes |= {cid for cid in named if cid in plan.held and cid not in live}
     plan.stale = sum(1 for file, cid in last_write.items() if cid and holder.get(file) != cid)
     return plan
-
-
-def chunk_files(out: Path) -> Iterator[str]:
-    """Every chunk file under ``out`` (``*.json`` outside the state folder), relative, POSIX, sorted."""
-    for root, dirs, files in os.walk(out):
-        dirs[:] = sorted(d for d in dirs if d != STATE_DIR)
-        rel = Path(root).relative_to(out)
-        for name in sorted(files):
-            if name.endswith(".json"):
-                yield (rel / name).as_posix()
-
-
-def read_record(path: Path) -> dict[str, Any] | None:
-    """The chunk record in ``path``; ``None`` when it is gone or not a JSON object (being replaced)."""
-    try:
-        record = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None

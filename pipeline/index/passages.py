@@ -37,9 +37,9 @@ class Passages:
         self._counter: Callable[[str], int] | None = None
 
     def _chunk_store(self) -> Any:
-        """The chunk folder's store (``pipeline.audit.store``), opened once; ``None`` when it cannot be."""
+        """The chunk folder's store (``pipeline.audit.chunk_state``), opened once; ``None`` when it cannot be."""
         if self._store is False:
-            from pipeline.audit.store import open_store
+            from pipeline.audit.chunk_state import open_store
 
             try:
                 self._store = open_store(self.out, self._corpus)

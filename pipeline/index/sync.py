@@ -27,9 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import UsageError
 from pipeline.index.embed_step import EmbedExecutor, Progress, embed_uncached
-from pipeline.index.feedplan import plan_feed
+from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
@@ -42,7 +43,6 @@ from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.scale import scale_sync, settle_scale
 from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
-from pipeline.run.state import STATE_DIR
 
 
 @dataclass(slots=True)
@@ -144,58 +144,18 @@ def _run(
     stored = _stored_meta(kind, path)
     embedder, spec = _embedder(embedder, stored)
     wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
-    hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
-    check_compatible(stored, wanted, where=str(path), hint=hint)
-    where = str(out.resolve())
-    inside = path.resolve().is_relative_to(out.resolve())  # a copied chunk folder takes its index along
-    if stored.get("out") and stored["out"] != where and not inside:
-        raise UsageError(
-            f"{path}: this index follows {stored['out']}, not {where} "
-            "(hint: give each chunk folder its own --store)"
-        )
+    _check_follows(out, store_arg, path, stored, wanted, spec)
     db = open_at(kind, path, dim=embedder.dim)
     try:
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
         report.reconcile = reconcile
-        new_index = not stored.get("chunks") or stored.get("chunks") == "0"
-        plan = plan_feed(out, stored.get("cursor") or None, db, full=reconcile or new_index)
-        report.changes, report.cursor, report.full = plan.changes, plan.cursor, plan.full
-        report.reason = plan.reason or ("reconcile" if reconcile else "new index" if new_index else "")
-        if reconcile:
-            report.fixed["extra"] = sorted(plan.deletes)
-        live = {cid: ChunkRow.from_record(chunk.record, chunk.file) for cid, chunk in plan.upserts.items()}
+        plan = _plan(out, db, stored, report)
         if on_progress:
-            on_progress("plan", len(live), len(live))
-        upserts = _rows_to_write(db, embedder, live, plan.held, report, executor, on_progress)
-        written = {row.chunk_id: _state_of(row) for row, _ in upserts}
-        report.redirected = sum(
-            1
-            for old, new in plan.redirects
-            if old in plan.deletes and (new in written or (new in plan.held and new not in plan.deletes))
+            on_progress("plan", len(plan.upserts), len(plan.upserts))
+        upserts = _rows_to_write(db, embedder, plan, report, executor, on_progress)
+        meta = _next_meta(
+            db, stored, {**wanted, "out": str(out.resolve()), "embed_spec": spec}, plan, upserts, report
         )
-        report.deleted = len(plan.deletes)
-        summary = summarize(
-            stored,
-            plan.held if plan.full else None,
-            db.states,
-            plan.deletes,
-            plan.held,
-            written,
-            embedder.max_tokens - 2,  # [CLS], [SEP]
-        )
-        report.chunks, report.truncated = summary.chunks, summary.truncated
-        meta = {
-            **wanted,
-            "format": FORMAT,
-            "out": where,
-            "embed_spec": spec,
-            "generation": str(int(stored.get("generation", "0")) + 1),
-            "cursor": report.cursor or "",
-            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **summary.meta(),
-        }
-        meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
-        report.index_hash = meta["index_hash"]
         scale = scale_sync(kind, path, embedder.dim, report)
         if not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None) and stored:
             if scale is not None:
@@ -212,6 +172,77 @@ def _run(
     finally:
         db.close()
     return _done(report, started)
+
+
+def _check_follows(
+    out: Path,
+    store_arg: str | Path | None,
+    path: Path,
+    stored: dict[str, str],
+    wanted: dict[str, str],
+    spec: str,
+) -> None:
+    """Refuse a store built with another embedder or analyzer, or following another chunk folder."""
+    hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
+    check_compatible(stored, wanted, where=str(path), hint=hint)
+    where = str(out.resolve())
+    inside = path.resolve().is_relative_to(out.resolve())  # a copied chunk folder takes its index along
+    if stored.get("out") and stored["out"] != where and not inside:
+        raise UsageError(
+            f"{path}: this index follows {stored['out']}, not {where} "
+            "(hint: give each chunk folder its own --store)"
+        )
+
+
+def _plan(out: Path, db: VectorStore, stored: dict[str, str], report: IndexReport) -> FeedPlan[RowState]:
+    """The feed planner's plan for this store: full on a reconcile or a new index."""
+    new_index = not stored.get("chunks") or stored.get("chunks") == "0"
+    plan = plan_feed(out, stored.get("cursor") or None, db, full=report.reconcile or new_index)
+    report.changes, report.cursor, report.full = plan.changes, plan.cursor, plan.full
+    report.reason = plan.reason or ("reconcile" if report.reconcile else "new index" if new_index else "")
+    if report.reconcile:
+        report.fixed["extra"] = sorted(plan.deletes)
+    report.deleted = len(plan.deletes)
+    return plan
+
+
+def _next_meta(
+    db: VectorStore,
+    stored: dict[str, str],
+    config: dict[str, str],
+    plan: FeedPlan[RowState],
+    upserts: list[tuple[ChunkRow, Vector | None]],
+    report: IndexReport,
+) -> dict[str, str]:
+    """The meta the commit writes: ``config`` (embedder, analyzer, chunk folder, spec), the
+    cursor, the generation, the summary of the indexed chunks and ``index_hash``."""
+    written = {row.chunk_id: _state_of(row) for row, _ in upserts}
+    report.redirected = sum(
+        1
+        for old, new in plan.redirects
+        if old in plan.deletes and (new in written or (new in plan.held and new not in plan.deletes))
+    )
+    summary = summarize(
+        stored,
+        plan.held if plan.full else None,
+        db.states,
+        plan.deletes,
+        plan.held,
+        written,
+        report.max_tokens - 2,  # [CLS], [SEP]
+    )
+    report.chunks, report.truncated = summary.chunks, summary.truncated
+    meta = {
+        **config,
+        "format": FORMAT,
+        "generation": str(int(stored.get("generation", "0")) + 1),
+        "cursor": report.cursor or "",
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **summary.meta(),
+    }
+    meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
+    report.index_hash = meta["index_hash"]
+    return meta
 
 
 def _done(report: IndexReport, started: float) -> IndexReport:
@@ -258,8 +289,7 @@ def _state_of(row: ChunkRow) -> RowState:
 def _rows_to_write(
     db: VectorStore,
     embedder: Any,
-    live: dict[str, ChunkRow],
-    states: dict[str, RowState],
+    plan: FeedPlan[RowState],
     report: IndexReport,
     executor: EmbedExecutor | None,
     on_progress: Progress | None,
@@ -268,8 +298,9 @@ def _rows_to_write(
     (``None``: the text did not change, the stored vector stays)."""
     todo: list[ChunkRow] = []  #: rows whose stored vector does not fit
     upserts: list[tuple[ChunkRow, Vector | None]] = []
-    for cid, row in live.items():
-        known = states.get(cid)
+    for cid, chunk in plan.upserts.items():
+        row = ChunkRow.from_record(chunk.record, chunk.file)
+        known = plan.held.get(cid)
         if known is not None and known.digest == row.digest:
             row = row.with_tokens(known.model_tokens)
             if known.row_digest == row.row_digest:

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import PipelineError, UsageError
 from pipeline.index.analyzer import ANALYZER, LANCE_ANALYZER
 from pipeline.index.registry import Registry, resolve
 from pipeline.index.rows import ChunkRow, RowState, Vector
-from pipeline.run.state import STATE_DIR, flock_held
+from pipeline.run.state import flock_held
 
 DEFAULT_STORE = "index.sqlite"  #: under ``CHUNKS/.chunkyard/``
 
