@@ -41,15 +41,15 @@ from pipeline.run.changes import Cursor, CursorLostError, read_changes
 CURSOR_LOST = "the feed no longer reaches the cursor"
 
 
-class HeldChunk(Protocol):
+class HeldState(Protocol):
     """What the planner needs to know of a chunk a consumer holds: the file it came from."""
 
     @property
     def file(self) -> str: ...
 
 
-H = TypeVar("H", bound=HeldChunk)
-H_co = TypeVar("H_co", bound=HeldChunk, covariant=True)
+H = TypeVar("H", bound=HeldState)
+H_co = TypeVar("H_co", bound=HeldState, covariant=True)
 
 
 class Holdings(Protocol[H_co]):
