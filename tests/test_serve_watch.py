@@ -138,3 +138,47 @@ def _ready(client: Client) -> bool:
         return writer(client)["syncs"] >= 1
     except OSError:
         return False
+
+
+def test_queries_through_open_index_go_on_during_a_full_rebuild(tmp_path: Path) -> None:
+    """``index --rebuild`` builds a new file and swaps it in: every query answers, from the old
+    index or the new one (same content, so the same ``index_hash`` and the same hits)."""
+    from pipeline import open_index
+    from pipeline.index.sync import index
+
+    _, chunks = indexed(tmp_path.parent, tmp_path / "r")
+    store = chunks / ".chunkyard" / "index.sqlite"
+    with open_index(chunks, workers=3) as handle:
+        first = handle.search("CORS preflight max age", k=3)
+        inode = store.stat().st_ino
+        answers: list[dict[str, Any]] = []
+        failures: list[BaseException] = []
+        done = threading.Event()
+
+        def ask() -> None:
+            while not done.is_set():
+                try:
+                    answers.append(handle.search("CORS preflight max age", k=3))
+                except BaseException as exc:  # noqa: BLE001 - any failure is the finding
+                    failures.append(exc)
+
+        threads = [threading.Thread(target=ask) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            index(chunks, rebuild=True)
+            time.sleep(0.3)
+        finally:
+            done.set()
+            for t in threads:
+                t.join()
+        assert store.stat().st_ino != inode  # a new file was swapped in
+        assert not failures, failures[:3]
+        assert answers
+        hits = [[item["chunk_id"] for item in first["items"]]]
+        for record in answers:
+            assert record["index_hash"] == first["index_hash"]
+            assert [item["chunk_id"] for item in record["items"]] == hits[0]
+        after = handle.search("CORS preflight max age", k=3)
+        assert [item["chunk_id"] for item in after["items"]] == hits[0]
+        assert handle.status()["index_hash"] == first["index_hash"]
