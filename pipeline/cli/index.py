@@ -28,6 +28,51 @@ EmbedderOpt = Annotated[
     typer.Option("--embedder", help="Embedder spec (default: the index's own, else the offline ONNX model)."),
 ]
 
+IndexExecutorOpt = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        metavar="local|ray",
+        help="Who embeds: this process, or a pool of actors on a Ray cluster (pip install 'chunkyard\\[ray]'); "
+        "the writes stay here.",
+    ),
+]
+IndexAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        metavar="HOST:PORT",
+        help="The Ray cluster, with --executor ray (default: RAY_ADDRESS, else a cluster on this machine).",
+    ),
+]
+BatchSizeOpt = Annotated[
+    int, typer.Option("--batch-size", min=0, help="Texts per embedding batch (0 = the default).")
+]
+ActorsOpt = Annotated[
+    int,
+    typer.Option(
+        "--actors",
+        min=0,
+        help="Ray actors, each with its own model (0 = one per --cpus-per-actor CPUs or GPU share).",
+    ),
+]
+CpusPerActorOpt = Annotated[
+    int,
+    typer.Option("--cpus-per-actor", min=0, help="CPUs and model threads per Ray actor (0 = the default)."),
+]
+NumGpusOpt = Annotated[
+    float, typer.Option("--num-gpus", min=0.0, help="GPUs per Ray actor (fractions share a GPU).")
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        metavar="cpu|cuda|auto",
+        help="Where the model runs (here, or in each Ray actor): cuda fails (exit 2) without a usable GPU, "
+        "auto falls back to the CPU and says so.",
+    ),
+]
+
 
 def _mismatch(exc: Any, json_out: bool) -> typer.Exit:
     """An index built with another embedder or analyzer: 001's code, the rebuild command, exit 2."""
@@ -49,10 +94,18 @@ def index_cmd(
         bool, typer.Option("--rebuild", help="Build a new index (e.g. another --embedder) and swap it in.")
     ] = False,
     wait: WaitOpt = True,
+    executor: IndexExecutorOpt = "local",
+    address: IndexAddressOpt = None,
+    batch_size: BatchSizeOpt = 0,
+    actors: ActorsOpt = 0,
+    cpus_per_actor: CpusPerActorOpt = 0,
+    num_gpus: NumGpusOpt = 0.0,
+    device: DeviceOpt = "cpu",
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Apply the change feed to the vector index: embed only what changed, delete what went."""
+    from pipeline.index.batches import EmbedExecution
     from pipeline.index.store import IndexMismatchError
     from pipeline.index.sync import index
 
@@ -69,7 +122,17 @@ def index_cmd(
         if not quiet and not json_out:
             err.print(f"waiting for {escape(holder)} to finish with the index…")
 
+    def on_note(message: str) -> None:
+        if not quiet:
+            err.print(f"[yellow]{escape(message)}[/]", highlight=False)
+
+    execution = EmbedExecution(executor, address, batch_size, actors, cpus_per_actor, num_gpus, device)
     try:
+        execution.check()
+        if executor == "ray":  # before anything is read: a missing Ray is a setup error
+            from pipeline.run.ray_executor import require_ray
+
+            require_ray()
         with progress:
             report = index(
                 out,
@@ -80,6 +143,8 @@ def index_cmd(
                 wait=wait,
                 on_progress=on_progress,
                 on_wait=on_wait,
+                execution=execution,
+                on_note=on_note,
             )
     except IndexMismatchError as exc:
         raise _mismatch(exc, json_out) from None
@@ -112,6 +177,14 @@ def index_cmd(
         out_console.print(
             f"[yellow]{report.truncated} chunk(s) exceed the embedder's window of {report.max_tokens} "
             "wordpieces: only their beginning is embedded[/]"
+        )
+    if report.embedded_on:
+        where = report.embedded_on
+        nodes = ", ".join(f"{node[:12]}: {n}" for node, n in where["texts_by_node"].items())
+        out_console.print(
+            f"embedded on Ray: {where['batches']} batches, {where['actors']} actors, "
+            f"{where['resent']} re-sent; texts by node: {escape(nodes) or 'none'}",
+            highlight=False,
         )
     out_console.print(
         f"{escape(report.store)} · {escape(report.embed_model)} · index_hash {escape(report.index_hash)} "

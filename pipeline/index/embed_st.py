@@ -41,11 +41,14 @@ def _model_source(name: str) -> str:
 
 
 class SentenceTransformerEmbedder:
-    """A sentence-transformers model on the CPU; vectors L2-normalised, in length-sorted batches."""
+    """A sentence-transformers model on the CPU or a CUDA GPU (``device``); vectors L2-normalised,
+    in length-sorted batches."""
 
     normalized = True
 
-    def __init__(self, model: str, threads: int | None = None, batch_size: int = DEFAULT_BATCH) -> None:
+    def __init__(
+        self, model: str, threads: int | None = None, batch_size: int = DEFAULT_BATCH, device: str = "cpu"
+    ) -> None:
         if not model:
             raise UsageError("st embedder: no model name (spec: st:all-MiniLM-L6-v2 or st:/path/to/model)")
         try:  # as Any: the types must check with and without the extra installed
@@ -59,7 +62,7 @@ class SentenceTransformerEmbedder:
         source = _model_source(model)
         _quiet_transformers()
         try:
-            self._model: Any = st.SentenceTransformer(source, device="cpu")
+            self._model: Any = st.SentenceTransformer(source, device=device)
         except (OSError, ValueError) as exc:
             raise EmbedderError(
                 f"st:{model}: cannot load the model from {source!r}: {exc} "

@@ -257,17 +257,21 @@ class OnnxEmbedder:
         return result
 
 
-def make_embedder(spec: str | None = None, *, threads: int | None = None) -> Embedder:
+def make_embedder(spec: str | None = None, *, threads: int | None = None, device: str = "cpu") -> Embedder:
     """The embedder a spec names (see the module docstring); ``None`` is the offline default.
 
     ``threads`` caps the in-process model's threads (default 2, or ``CHUNKYARD_EMBED_THREADS``).
+    ``device``: ``cpu`` or ``cuda``, as ``pipeline.index.device.resolve_device`` chose it
+    (only ``st:`` models run on ``cuda``).
     """
+    if device != "cpu" and not (spec or "").startswith("st:"):
+        raise UsageError(f"embedder {spec or 'default'!r} runs on the CPU only, not on {device!r}")
     if spec is None or spec in ("default", "onnx", ONNX_NAME):
         return OnnxEmbedder(threads=threads)
     if spec.startswith("st:"):
         from pipeline.index.embed_st import SentenceTransformerEmbedder
 
-        return SentenceTransformerEmbedder(spec.removeprefix("st:"), threads=threads)
+        return SentenceTransformerEmbedder(spec.removeprefix("st:"), threads=threads, device=device)
     if spec.startswith("openai:"):
         from pipeline.index.embed_openai import parse_openai_spec
 

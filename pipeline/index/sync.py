@@ -11,8 +11,10 @@ One run:
    them is deleted.
 2. **Embed** only the texts no vector is known for: the cache is keyed by (embedder name,
    digest of ``embedText``), so a moved chunk, a redirect, a renamed document or an mtime
-   reset costs nothing. Computed vectors are committed to the cache batch by batch: a
-   killed run keeps them, the searchable index is not touched yet.
+   reset costs nothing. The texts go in length-sorted batches to a ``BatchEmbedding``
+   (``pipeline.index.batches``: this process, or Ray actors with ``--executor ray``); the
+   vectors are committed to the cache batch by batch as they come back: a killed run keeps
+   them, the searchable index is not touched yet.
 3. **Commit** the upserts, deletes, the new cursor and ``index_hash`` in one transaction.
    Until then readers see the previous index whole; a failure anywhere leaves it as it was.
 
@@ -32,6 +34,8 @@ from typing import Any
 import orjson
 
 from pipeline.errors import UsageError
+from pipeline.index.batches import BatchEmbedding, BatchRejectedError, EmbedExecution, Say, open_batches
+from pipeline.index.embedders import EmbedderError
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
@@ -85,6 +89,8 @@ class IndexReport:
         truncated: indexed chunks longer than the embedder's window (``max_tokens``):
             only their first ``max_tokens`` wordpieces are embedded.
         full: every chunk file was read (reconcile, a new index, or a lost cursor: ``reason``).
+        embedded_on: where the texts were embedded, with ``--executor ray`` (actors, batches,
+            batches re-sent after a lost actor, texts per Ray node); empty for a local run.
     """
 
     store: str
@@ -108,6 +114,7 @@ class IndexReport:
     reconcile: bool = False
     fixed: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    embedded_on: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +130,8 @@ def index(
     wait: bool = True,
     on_progress: Progress | None = None,
     on_wait: Callable[[str], None] | None = None,
+    execution: EmbedExecution | None = None,
+    on_note: Say | None = None,
 ) -> IndexReport:
     """Bring the index of the chunk folder ``out`` up to date with its change feed.
 
@@ -134,6 +143,10 @@ def index(
         reconcile: compare the index with every chunk file and repair what differs.
         rebuild: build a new index beside the old one (another embedder, say) and swap it in.
         wait: wait for another run holding the store's lock (else fail at once).
+        execution: where to embed (``--executor``, ``--device`` and the Ray options;
+            ``None``: in this process, on the CPU).
+        on_note: told what the user should know that is no error (``--device auto``
+            falling back to the CPU).
 
     Raises:
         IndexMismatchError: the embedder or analyzer differs from the index's.
@@ -144,10 +157,22 @@ def index(
     if not (out / STATE_DIR).is_dir():
         raise UsageError(f"{out}: not a chunk folder (hint: run `chunkyard ingest CORPUS --out {out}` first)")
     kind, path = store_spec(out, store)
+    execution = execution or EmbedExecution()
+    execution.check()
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
-            return _rebuild(out, store, kind, path, embedder, on_progress)
-        return _run(out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress)
+            return _rebuild(out, store, kind, path, embedder, on_progress, execution, on_note)
+        return _run(
+            out,
+            store,
+            kind,
+            path,
+            embedder,
+            reconcile=reconcile,
+            on_progress=on_progress,
+            execution=execution,
+            on_note=on_note,
+        )
 
 
 def _run(
@@ -159,10 +184,12 @@ def _run(
     *,
     reconcile: bool,
     on_progress: Progress | None,
+    execution: EmbedExecution,
+    on_note: Say | None,
 ) -> IndexReport:
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
-    embedder, spec = _embedder(embedder, stored)
+    embedder, spec = _embedder(embedder, stored, execution, on_note)
     wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
     hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
     check_compatible(stored, wanted, where=str(path), hint=hint)
@@ -174,6 +201,7 @@ def _run(
             "(hint: give each chunk folder its own --store)"
         )
     db = open_at(kind, path, dim=embedder.dim)
+    batcher = open_batches(embedder, spec, execution, on_note)
     try:
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
         report.reconcile = reconcile
@@ -181,7 +209,9 @@ def _run(
         plan = _plan(out, db, stored.get("cursor") or None, report, reconcile or new_index)
         if on_progress:
             on_progress("plan", len(plan.live), len(plan.live))
-        upserts = _embed(db, embedder, plan.live, plan.states, report, on_progress)
+        upserts = _embed(
+            db, embedder.name, batcher, execution.batch_size, plan.live, plan.states, report, on_progress
+        )
         written = {row.chunk_id: _state_of(row) for row, _ in upserts}
         report.redirected = sum(
             1
@@ -219,6 +249,8 @@ def _run(
         if on_progress:
             on_progress("commit", 1, 1)
     finally:
+        report.embedded_on = dict(getattr(batcher, "summary", None) or {})
+        batcher.close()
         db.close()
     return _done(report, started)
 
@@ -248,16 +280,27 @@ def _stored_meta(kind: str, path: Path) -> dict[str, str]:
         db.close()
 
 
-def _embedder(embedder: Any, stored: dict[str, str]) -> tuple[Any, str]:
-    """The embedder object and the spec that makes it again (kept in the index's meta)."""
+def _embedder(
+    embedder: Any, stored: dict[str, str], execution: EmbedExecution | None = None, on_note: Say | None = None
+) -> tuple[Any, str]:
+    """The embedder object and the spec that makes it again (kept in the index's meta).
+
+    A local run makes it on the device ``execution`` asks for; with ``--executor ray`` this
+    one only names the model (its identity, dimension and window), on the CPU, and each
+    actor resolves the device on its own node.
+    """
     if embedder is not None and not isinstance(embedder, str):
         if stored.get("embed_model") == embedder.name and stored.get("embed_spec"):
             return embedder, stored["embed_spec"]  # the same model, made by the caller (watch keeps one)
         return embedder, str(getattr(embedder, "spec", "") or embedder.name)
+    from pipeline.index.device import resolve_device
     from pipeline.index.embedders import make_embedder
 
     spec = embedder or stored.get("embed_spec") or "default"
-    return make_embedder(spec), spec
+    device = "cpu"
+    if execution is not None and execution.executor == "local":
+        device = resolve_device(execution.device, spec, on_note)
+    return make_embedder(spec, device=device), spec
 
 
 @dataclass(slots=True)
@@ -329,14 +372,15 @@ def _state_of(row: ChunkRow) -> RowState:
 
 def _embed(
     db: VectorStore,
-    embedder: Any,
+    model: str,
+    batcher: BatchEmbedding,
+    batch_size: int,
     live: dict[str, ChunkRow],
     states: dict[str, RowState],
     report: IndexReport,
     on_progress: Progress | None,
 ) -> list[tuple[ChunkRow, Vector | None]]:
     """Rows to write with their vectors: cached, computed (and cached at once), or kept."""
-    model = embedder.name
     todo: list[ChunkRow] = []  #: rows whose stored vector does not fit
     upserts: list[tuple[ChunkRow, Vector | None]] = []
     for cid, row in live.items():
@@ -366,24 +410,37 @@ def _embed(
     ordered = sorted(missing.items(), key=lambda item: len(item[1]))
     if on_progress:
         on_progress("embed", 0, len(ordered))
-    size = _batch_size()
-    for i in range(0, len(ordered), size):
-        batch = ordered[i : i + size]
-        computed = embedder.embed([text for _, text in batch])
-        entries = {
-            digest: (computed[j], int(embedder.count_tokens(text))) for j, (digest, text) in enumerate(batch)
-        }
-        db.put_cache(model, entries)
-        vectors.update(entries)
-        report.embedded += len(batch)
-        if on_progress:
-            on_progress("embed", report.embedded, len(ordered))
+    size = batch_size or _batch_size()
+    batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    try:
+        for number, computed, counts in batcher.run([[text for _, text in batch] for batch in batches]):
+            batch = batches[number]
+            entries = {digest: (computed[j], counts[j]) for j, (digest, _) in enumerate(batch)}
+            db.put_cache(model, entries)
+            vectors.update(entries)
+            report.embedded += len(batch)
+            if on_progress:
+                on_progress("embed", report.embedded, len(ordered))
+    except BatchRejectedError as exc:
+        raise EmbedderError(_rejected(exc, batches[exc.batch], todo)) from None
     for r in todo:
         vector, tokens = vectors[r.digest]
         upserts.append((r.with_tokens(tokens), vector))
     if not report.reconcile:
         report.fixed.clear()
     return upserts
+
+
+def _rejected(exc: BatchRejectedError, batch: list[tuple[str, str]], todo: list[ChunkRow]) -> str:
+    """The message for a batch the embedder refused: its chunk ids, the reason, what to do."""
+    digests = {digest for digest, _ in batch}
+    ids = sorted(r.chunk_id for r in todo if r.digest in digests)
+    shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+    return (
+        f"the embedder refused a batch of {len(ids)} chunk(s) ({shown}): {exc.reason} "
+        "(hint: fix or shorten those chunks, or use another --embedder; the index is unchanged, "
+        "and the vectors embedded so far are cached for the next run)"
+    )
 
 
 def _chunk_files(out: Path) -> Iterator[str]:
@@ -411,6 +468,8 @@ def _rebuild(
     path: Path,
     embedder: Any,
     on_progress: Progress | None,
+    execution: EmbedExecution,
+    on_note: Say | None,
 ) -> IndexReport:
     """Build a fresh index beside the old one, then swap it in: the old stays searchable until then."""
     import shutil
@@ -419,7 +478,17 @@ def _rebuild(
     _remove(fresh)
     if embedder is None:  # the same embedder as before: a rebuild from scratch
         embedder = _stored_meta(kind, path).get("embed_spec") or None
-    report = _run(out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress)
+    report = _run(
+        out,
+        store_arg,
+        kind,
+        fresh,
+        embedder,
+        reconcile=False,
+        on_progress=on_progress,
+        execution=execution,
+        on_note=on_note,
+    )
     if fresh.is_dir():  # LanceDB: a folder cannot be swapped in one step; the old one goes last
         old = path.with_name(path.name + ".old")
         _remove(old)
