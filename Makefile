@@ -78,8 +78,9 @@ bench-scale: $(STAMP) ## issue 15: one edit, watch save, no-change run, RSS, fee
 bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
 
-bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index
+bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index; time to searchable local vs --executor ray, the parent's vectors/s per store
 	$(BIN)/python bench/index_bench.py $(BENCH_ARGS)
+	$(BIN)/python bench/index_ray_bench.py $(BENCH_RAY_ARGS)
 
 .PHONY: bench-ray
 bench-ray: $(STAMP) ## --executor ray vs the local pool, and the parent's cost per document (a loopback-only cluster: needs root)
