@@ -1,5 +1,9 @@
 """chunkyard's Python API: chunk in memory, ingest a corpus, read chunks and the change feed.
 
+A consumer of its own (another vector store, a cache) follows the feed with ``plan_feed``:
+from its cursor and what it holds, the chunks to upsert and the ids to delete, by the same
+rule the index and the framework adapters follow.
+
 Everything here is also importable from ``pipeline`` itself (``from pipeline import
 chunk_text``), loaded on first use so that ``import pipeline`` stays cheap. The
 framework adapters live in ``pipeline.adapters.langchain`` and
@@ -21,6 +25,7 @@ from pipeline.adapters.changes import Change, Cursor, read_changes
 from pipeline.adapters.folder import ChunkFolder, open_chunks
 from pipeline.adapters.records import chunk_records
 from pipeline.errors import UsageError
+from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.models import Policy
 from pipeline.run.ingest import Options, Summary
 
@@ -31,12 +36,14 @@ __all__ = (
     "Change",
     "ChunkFolder",
     "Cursor",
+    "FeedPlan",
     "Policy",
     "Summary",
     "chunk_file",
     "chunk_text",
     "ingest",
     "open_chunks",
+    "plan_feed",
     "read_changes",
     "search",
     "update_index",
@@ -162,18 +169,28 @@ def update_index(
     """
     import warnings
 
-    from pipeline.index.batches import EmbedExecution
+    from pipeline.index.batches import EmbedExecution, make_executor
     from pipeline.index.sync import index as run_index
 
+    def on_note(message: str) -> None:
+        warnings.warn(message, stacklevel=3)
+
     execution = EmbedExecution(executor, address, batch_size, actors, cpus_per_actor, num_gpus, device)
-    return run_index(
-        out,
-        store,
-        embedder,
-        reconcile=reconcile,
-        execution=execution,
-        on_note=lambda m: warnings.warn(m, stacklevel=2),
-    )
+    remote = make_executor(execution, on_note)
+    try:
+        return run_index(
+            out,
+            store,
+            embedder,
+            reconcile=reconcile,
+            executor=remote,
+            device=device,
+            batch_size=batch_size or None,
+            on_note=on_note,
+        )
+    finally:
+        if remote is not None:
+            remote.close()
 
 
 def search(

@@ -1,4 +1,7 @@
-"""`chunkyard index` and `chunkyard search` (SPEC §9): the change feed into a vector store, and queries."""
+"""`chunkyard index` and `chunkyard search`: the change feed into a vector store, and queries.
+
+The contract: docs/spec.md, "Index, search and evaluation".
+"""
 
 from __future__ import annotations
 
@@ -105,9 +108,9 @@ def index_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Apply the change feed to the vector index: embed only what changed, delete what went."""
-    from pipeline.index.batches import EmbedExecution
-    from pipeline.index.store import IndexMismatchError
+    from pipeline.index.batches import EmbedExecution, make_executor
     from pipeline.index.sync import index
+    from pipeline.index.vector_store import IndexMismatchError
 
     show = not quiet and not json_out and err.is_terminal
     progress = bar_progress(show)
@@ -127,12 +130,13 @@ def index_cmd(
             err.print(f"[yellow]{escape(message)}[/]", highlight=False)
 
     execution = EmbedExecution(executor, address, batch_size, actors, cpus_per_actor, num_gpus, device)
+    remote = None
     try:
-        execution.check()
         if executor == "ray":  # before anything is read: a missing Ray is a setup error
             from pipeline.run.ray_executor import require_ray
 
             require_ray()
+        remote = make_executor(execution, on_note)
         with progress:
             report = index(
                 out,
@@ -143,13 +147,18 @@ def index_cmd(
                 wait=wait,
                 on_progress=on_progress,
                 on_wait=on_wait,
-                execution=execution,
+                executor=remote,
+                device=device,
+                batch_size=batch_size or None,
                 on_note=on_note,
             )
     except IndexMismatchError as exc:
         raise _mismatch(exc, json_out) from None
     except PipelineError as exc:
         raise usage_error(exc, json_out) from None
+    finally:
+        if remote is not None:
+            remote.close()
     if json_out:
         sys.stdout.write(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
         return
@@ -231,7 +240,7 @@ def search_cmd(
     """Search the index: ranked passages (a hit and its ranked neighbours) with their source,
     lines and citation payload."""
     from pipeline.index.query import search
-    from pipeline.index.store import IndexMismatchError
+    from pipeline.index.vector_store import IndexMismatchError
 
     try:
         budget = 0 if no_expand else expand
@@ -277,7 +286,7 @@ def search_cmd(
 
 def _write_search_page(record: dict[str, Any], query: str, out: Path, html: Path) -> None:
     """``search --html FILE``: the hits inside their sources (issue 20), read through the chunk store."""
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.view import render_search
     from pipeline.view.page import write_page
 

@@ -5,8 +5,9 @@ one commit of rows, cursor and ``index_hash``), as the Ray reference designs for
 ingestion do: only texts travel to the cluster, only vectors come back. Nodes need the
 same chunkyard, Ray and Python, and the embedder's extra; they need no shared file system.
 
-Each actor makes the embedder once (``make_embedder(spec)`` on its node, the device resolved
-there) and then embeds batch after batch; each has ``PER_ACTOR`` batches queued so it never
+It is an ``EmbedExecutor`` (``pipeline.index.embed_step``). Each actor makes the embedder
+once (``make_embedder(spec)`` on its node, ``spec`` being the embedder's ``spec`` attribute,
+the device resolved there) and then embeds batch after batch; each has ``PER_ACTOR`` batches queued so it never
 waits for the parent. Batches come back in any order and are yielded at once.
 
 Faults:
@@ -31,8 +32,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pipeline.errors import UsageError
-from pipeline.index.batches import BatchRejectedError, Done, EmbedExecution, Say
-from pipeline.index.embedders import EmbedderError
+from pipeline.index.batches import BatchRejectedError, EmbedExecution, Say
+from pipeline.index.embed_step import EmbedBatch, EmbeddedBatch
+from pipeline.index.embedders import Embedder, EmbedderError
 
 #: CPUs (and model threads) per actor when ``--cpus-per-actor`` is not given.
 DEFAULT_CPUS_PER_ACTOR = 1
@@ -57,7 +59,9 @@ class EmbedActor:
 
         self.notes: list[str] = []
         self.device = resolve_device(device, spec, self.notes.append)
-        self.embedder = make_embedder(spec, threads=threads, device=self.device)
+        self.embedder = make_embedder(
+            spec, threads=threads, device=None if self.device == "cpu" else self.device
+        )
         self.node = _node_id()
 
     def where(self) -> tuple[str, str, list[str]]:
@@ -85,11 +89,13 @@ def _node_id() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
 
-class RayBatches:
-    """The ``BatchEmbedding`` of a pool of ``EmbedActor`` on a Ray cluster."""
+class RayEmbedExecutor:
+    """The ``EmbedExecutor`` of a pool of ``EmbedActor`` on a Ray cluster.
 
-    def __init__(self, spec: str, execution: EmbedExecution, say: Say | None = None) -> None:
-        self.spec = spec
+    ``summary`` says, after a run, where its texts were embedded (``IndexReport.embedded_on``).
+    """
+
+    def __init__(self, execution: EmbedExecution, say: Say | None = None) -> None:
         self.execution = execution
         self.say = say
         self.summary: dict[str, Any] = {}
@@ -139,21 +145,22 @@ class RayBatches:
                 actors = max(1, int(resources.get("CPU", 1) // cpus))
         return max(1, min(actors, batches)), cpus
 
-    def _spawn(self, cls: Any, cpus: int) -> Any:
+    def _spawn(self, cls: Any, spec: str, cpus: int) -> Any:
         return cls.options(
             num_cpus=cpus,
             num_gpus=self.execution.num_gpus,
             max_restarts=0,  # a lost actor is replaced by the parent, its batches re-sent
             max_task_retries=0,
             scheduling_strategy="SPREAD",
-        ).remote(self.spec, self.execution.device, cpus)
+        ).remote(spec, self.execution.device, cpus)
 
     # -- the run --------------------------------------------------------------------------
 
-    def run(self, batches: Sequence[Sequence[str]]) -> Iterator[Done]:
-        """Each batch's vectors and token counts as they come back; see the module docstring."""
+    def run(self, embedder: Embedder, batches: Sequence[EmbedBatch]) -> Iterator[EmbeddedBatch]:
+        """Each batch embedded, as it comes back (any order, each once); see the module docstring."""
         if not batches:
             return
+        spec = str(getattr(embedder, "spec", "") or embedder.name)
         ray = self._ray or self._connect()
         system_failures = _system_failures(ray)
         wanted, cpus = self._sizes(ray, len(batches))
@@ -174,7 +181,7 @@ class RayBatches:
 
         def start_one() -> None:
             number = len(handles)
-            handles[number] = self._spawn(cls, cpus)
+            handles[number] = self._spawn(cls, spec, cpus)
             starting[handles[number].where.remote()] = number
 
         def lose(number: int) -> None:
@@ -192,7 +199,7 @@ class RayBatches:
                     while load[number] < PER_ACTOR and queue:
                         batch = queue.popleft()
                         attempts[batch] += 1
-                        flying[actor.embed.remote(list(batches[batch]))] = (batch, number)
+                        flying[actor.embed.remote(list(batches[batch].texts))] = (batch, number)
                         load[number] += 1
                 if not flying and not starting:
                     raise EmbedderError(
@@ -241,10 +248,10 @@ class RayBatches:
                     if batch in done:
                         continue
                     if not ok:
-                        raise BatchRejectedError(batch, str(payload))
+                        raise BatchRejectedError(batches[batch].digests, str(payload))
                     done.add(batch)
-                    by_node[nodes[number]] += len(batches[batch])
-                    yield batch, payload, tokens
+                    by_node[nodes[number]] += len(batches[batch].texts)
+                    yield EmbeddedBatch(batches[batch].digests, payload, tuple(tokens))
         finally:
             for handle in handles.values():
                 with contextlib.suppress(Exception):

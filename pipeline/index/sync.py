@@ -2,19 +2,17 @@
 
 One run:
 
-1. **Plan.** Read the feed after the store's cursor (``pipeline.run.changes``) and fold it
-   into the chunk files it touched; read each one (the file is the truth, the feed only
-   says where to look). A stored id whose file was touched and no longer holds it — or a
-   delete line names — is deleted; each live record is upserted unless the stored row
-   equals it. With ``reconcile``, on a new index, or when the feed no longer reaches the
-   cursor (``CursorLostError``), every chunk file is read and what the store holds beyond
-   them is deleted.
-2. **Embed** only the texts no vector is known for: the cache is keyed by (embedder name,
-   digest of ``embedText``), so a moved chunk, a redirect, a renamed document or an mtime
-   reset costs nothing. The texts go in length-sorted batches to a ``BatchEmbedding``
-   (``pipeline.index.batches``: this process, or Ray actors with ``--executor ray``); the
-   vectors are committed to the cache batch by batch as they come back: a killed run keeps
-   them, the searchable index is not touched yet.
+1. **Plan** with the feed planner every consumer shares (``pipeline.index.feedplan``): the
+   chunks to upsert, the ids to delete, the redirects, from the feed after the store's cursor
+   and what the store holds. Each live chunk is written unless the stored row equals it. With
+   ``reconcile``, on a new index, or when the feed no longer reaches the cursor, the plan is
+   full: every chunk file, and what the store holds beyond them is deleted.
+2. **Embed** only the texts no vector is known for (``pipeline.index.embed_step``, through an
+   ``EmbedExecutor``): the cache is keyed by (embedder name, digest of ``embedText``), so a
+   moved chunk, a redirect, a renamed document or an mtime reset costs nothing. The executor
+   is this process (on ``device``) or a pool of Ray actors (``pipeline.index.embed_ray``).
+   Computed vectors are committed to the cache batch by batch as they come back: a killed
+   run keeps them, the searchable index is not touched yet.
 3. **Commit** the upserts, deletes, the new cursor and ``index_hash`` in one transaction.
    Until then readers see the previous index whole; a failure anywhere leaves it as it was.
 
@@ -24,18 +22,19 @@ One writer per store (a lock file beside it); a second run waits, or fails at on
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import UsageError
-from pipeline.index.batches import BatchEmbedding, BatchRejectedError, EmbedExecution, Say, open_batches
+from pipeline.index.batches import BatchRejectedError, Say
+from pipeline.index.embed_step import EmbedExecutor, Progress, embed_uncached
 from pipeline.index.embedders import EmbedderError
+from pipeline.index.feedplan import plan_feed
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
@@ -44,36 +43,9 @@ from pipeline.index.identity import (
     rebuild_hint,
     summarize,
 )
-from pipeline.index.store import (
-    ChunkRow,
-    RowState,
-    Vector,
-    VectorStore,
-    analyzer_of,
-    open_at,
-    store_lock,
-    store_spec,
-)
-from pipeline.run.changes import CursorLostError, read_changes
-from pipeline.run.state import STATE_DIR
-
-#: Texts per call to the embedder; the cache is committed after each call (a killed run
-#: loses at most one batch of embedding work). ``CHUNKYARD_INDEX_BATCH`` overrides it.
-EMBED_BATCH = 128
-BATCH_ENV = "CHUNKYARD_INDEX_BATCH"
-
-
-def _batch_size() -> int:
-    raw = os.environ.get(BATCH_ENV, "")
-    if raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    if raw:
-        raise UsageError(f"{BATCH_ENV}={raw!r}: expected a whole number of texts >= 1")
-    return EMBED_BATCH
-
-
-#: ``on_progress(stage, done, total)``: stage ``plan``, ``embed`` or ``commit``.
-Progress = Callable[[str, int, int], None]
+from pipeline.index.rebuild import rebuild_beside
+from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
 
 
 @dataclass(slots=True)
@@ -89,8 +61,9 @@ class IndexReport:
         truncated: indexed chunks longer than the embedder's window (``max_tokens``):
             only their first ``max_tokens`` wordpieces are embedded.
         full: every chunk file was read (reconcile, a new index, or a lost cursor: ``reason``).
-        embedded_on: where the texts were embedded, with ``--executor ray`` (actors, batches,
-            batches re-sent after a lost actor, texts per Ray node); empty for a local run.
+        embedded_on: where the texts were embedded, from the executor's ``summary`` (Ray:
+            actors, batches, batches re-sent after a lost actor, texts and device per node);
+            empty for a local run.
     """
 
     store: str
@@ -130,7 +103,9 @@ def index(
     wait: bool = True,
     on_progress: Progress | None = None,
     on_wait: Callable[[str], None] | None = None,
-    execution: EmbedExecution | None = None,
+    executor: EmbedExecutor | None = None,
+    device: str = "cpu",
+    batch_size: int | None = None,
     on_note: Say | None = None,
 ) -> IndexReport:
     """Bring the index of the chunk folder ``out`` up to date with its change feed.
@@ -143,10 +118,13 @@ def index(
         reconcile: compare the index with every chunk file and repair what differs.
         rebuild: build a new index beside the old one (another embedder, say) and swap it in.
         wait: wait for another run holding the store's lock (else fail at once).
-        execution: where to embed (``--executor``, ``--device`` and the Ray options;
-            ``None``: in this process, on the CPU).
-        on_note: told what the user should know that is no error (``--device auto``
-            falling back to the CPU).
+        executor: where texts are embedded (default: in this process, batch after batch;
+            ``pipeline.index.batches.make_executor`` makes the Ray one).
+        device: ``cpu``, ``cuda`` or ``auto`` for a model made here (``pipeline.index.device``);
+            a Ray executor resolves its own device in each actor.
+        batch_size: texts per batch (``None``: ``embed_step``'s default).
+        on_note: told what the user should know that is no error (``--device auto`` falling
+            back to the CPU).
 
     Raises:
         IndexMismatchError: the embedder or analyzer differs from the index's.
@@ -157,22 +135,21 @@ def index(
     if not (out / STATE_DIR).is_dir():
         raise UsageError(f"{out}: not a chunk folder (hint: run `chunkyard ingest CORPUS --out {out}` first)")
     kind, path = store_spec(out, store)
-    execution = execution or EmbedExecution()
-    execution.check()
+    how = _Embedding(executor, "cpu" if executor is not None else device, batch_size, on_note)
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
-            return _rebuild(out, store, kind, path, embedder, on_progress, execution, on_note)
-        return _run(
-            out,
-            store,
-            kind,
-            path,
-            embedder,
-            reconcile=reconcile,
-            on_progress=on_progress,
-            execution=execution,
-            on_note=on_note,
-        )
+            return _rebuild(out, store, kind, path, embedder, on_progress, how)
+        return _run(out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, how=how)
+
+
+@dataclass(frozen=True, slots=True)
+class _Embedding:
+    """How this run embeds: the executor (``None``: here), the local device, the batch size."""
+
+    executor: EmbedExecutor | None = None
+    device: str = "cpu"
+    batch_size: int | None = None
+    on_note: Say | None = None
 
 
 def _run(
@@ -184,12 +161,12 @@ def _run(
     *,
     reconcile: bool,
     on_progress: Progress | None,
-    execution: EmbedExecution,
-    on_note: Say | None,
+    how: _Embedding,
 ) -> IndexReport:
+    """One run on the store at ``path``: plan, embed what is new, commit (module docstring)."""
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
-    embedder, spec = _embedder(embedder, stored, execution, on_note)
+    embedder, spec = _embedder(embedder, stored, how.device, how.on_note)
     wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
     hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
     check_compatible(stored, wanted, where=str(path), hint=hint)
@@ -201,30 +178,32 @@ def _run(
             "(hint: give each chunk folder its own --store)"
         )
     db = open_at(kind, path, dim=embedder.dim)
-    batcher = open_batches(embedder, spec, execution, on_note)
     try:
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
         report.reconcile = reconcile
         new_index = not stored.get("chunks") or stored.get("chunks") == "0"
-        plan = _plan(out, db, stored.get("cursor") or None, report, reconcile or new_index)
+        plan = plan_feed(out, stored.get("cursor") or None, db, full=reconcile or new_index)
+        report.changes, report.cursor, report.full = plan.changes, plan.cursor, plan.full
+        report.reason = plan.reason or ("reconcile" if reconcile else "new index" if new_index else "")
+        if reconcile:
+            report.fixed["extra"] = sorted(plan.deletes)
+        live = {cid: ChunkRow.from_record(chunk.record, chunk.file) for cid, chunk in plan.upserts.items()}
         if on_progress:
-            on_progress("plan", len(plan.live), len(plan.live))
-        upserts = _embed(
-            db, embedder.name, batcher, execution.batch_size, plan.live, plan.states, report, on_progress
-        )
+            on_progress("plan", len(live), len(live))
+        upserts = _rows_to_write(db, embedder, live, plan.held, report, how, on_progress)
         written = {row.chunk_id: _state_of(row) for row, _ in upserts}
         report.redirected = sum(
             1
             for old, new in plan.redirects
-            if old in plan.doomed and (new in written or (new in plan.states and new not in plan.doomed))
+            if old in plan.deletes and (new in written or (new in plan.held and new not in plan.deletes))
         )
-        report.deleted = len(plan.doomed)
+        report.deleted = len(plan.deletes)
         summary = summarize(
             stored,
-            plan.states if plan.full else None,
+            plan.held if plan.full else None,
             db.states,
-            plan.doomed,
-            plan.states,
+            plan.deletes,
+            plan.held,
             written,
             embedder.max_tokens - 2,  # [CLS], [SEP]
         )
@@ -241,16 +220,14 @@ def _run(
         }
         meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
         report.index_hash = meta["index_hash"]
-        if not upserts and not plan.doomed and report.cursor == (stored.get("cursor") or None) and stored:
+        if not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None) and stored:
             return _done(report, started)  # nothing moved: the index stays as it is, generation too
         if on_progress:
             on_progress("commit", 0, 1)
-        db.commit(upserts, plan.doomed, meta, model=embedder.name)
+        db.commit(upserts, plan.deletes, meta, model=embedder.name)
         if on_progress:
             on_progress("commit", 1, 1)
     finally:
-        report.embedded_on = dict(getattr(batcher, "summary", None) or {})
-        batcher.close()
         db.close()
     return _done(report, started)
 
@@ -281,13 +258,12 @@ def _stored_meta(kind: str, path: Path) -> dict[str, str]:
 
 
 def _embedder(
-    embedder: Any, stored: dict[str, str], execution: EmbedExecution | None = None, on_note: Say | None = None
+    embedder: Any, stored: dict[str, str], device: str = "cpu", on_note: Say | None = None
 ) -> tuple[Any, str]:
     """The embedder object and the spec that makes it again (kept in the index's meta).
 
-    A local run makes it on the device ``execution`` asks for; with ``--executor ray`` this
-    one only names the model (its identity, dimension and window), on the CPU, and each
-    actor resolves the device on its own node.
+    One made here from a spec runs on ``device`` (resolved: ``auto`` says where it fell back)
+    and carries that spec as ``spec``: a remote executor makes the same model from it.
     """
     if embedder is not None and not isinstance(embedder, str):
         if stored.get("embed_model") == embedder.name and stored.get("embed_spec"):
@@ -297,90 +273,28 @@ def _embedder(
     from pipeline.index.embedders import make_embedder
 
     spec = embedder or stored.get("embed_spec") or "default"
-    device = "cpu"
-    if execution is not None and execution.executor == "local":
-        device = resolve_device(execution.device, spec, on_note)
-    return make_embedder(spec, device=device), spec
-
-
-@dataclass(slots=True)
-class _Plan:
-    """What one run will do: the live rows of the touched chunk files, the ids to delete,
-    the feed's redirects, and the stored state of every id it concerns (all ids on a full run)."""
-
-    live: dict[str, ChunkRow]
-    doomed: set[str]
-    redirects: list[tuple[str, str]]
-    states: dict[str, RowState]
-    full: bool
-
-
-def _plan(out: Path, db: VectorStore, cursor: str | None, report: IndexReport, full: bool) -> _Plan:
-    """Read the feed after ``cursor``, then the chunk files it touched, then the stored rows they concern.
-
-    A full run (reconcile, a new index, a lost cursor) reads every chunk file and every stored
-    row; an incremental one only the rows of the touched files and of the ids the feed names,
-    so its cost follows the change, not the size of the index.
-    """
-    touched: set[str] = set()
-    named: set[str] = set()  #: ids a delete line names
-    redirects: list[tuple[str, str]] = []
-    report.reason = "reconcile" if report.reconcile else ("new index" if full else "")
-    report.cursor = cursor
-    try:
-        for change in read_changes(out, None if full and not cursor else cursor):
-            report.changes += 1
-            report.cursor = change.cursor
-            if change.kind in ("write", "delete") and change.file:
-                touched.add(change.file)
-            if change.kind == "delete" and change.chunk_id:
-                named.add(change.chunk_id)
-            if change.kind == "write" and change.prev_chunk_id:
-                named.add(change.prev_chunk_id)
-            if change.kind == "redirect" and change.old and change.chunk_id:
-                redirects.append((change.old, change.chunk_id))
-    except CursorLostError:
-        full, report.reason = True, "the feed no longer reaches the cursor"
-        report.changes, report.cursor = 0, None
-        for change in read_changes(out, None):
-            report.changes += 1
-            report.cursor = change.cursor
-    if full:
-        touched = set(_chunk_files(out))
-    report.full = full
-    live: dict[str, ChunkRow] = {}
-    for file in sorted(touched):
-        record = _read(out / file)
-        if record is not None and isinstance(record.get("chunk_id"), str):
-            live[record["chunk_id"]] = ChunkRow.from_record(record, file)
-    if full:
-        states = db.states()
-        doomed = set(states) - set(live)
-    else:
-        ids = named | set(live) | {cid for pair in redirects for cid in pair}
-        states = db.states_for(touched, ids)
-        doomed = {cid for cid, s in states.items() if s.file in touched and cid not in live}
-        doomed |= {cid for cid in named if cid in states and cid not in live}
-    if report.reconcile:
-        report.fixed["extra"] = sorted(doomed)
-    return _Plan(live, doomed, redirects, states, full)
+    resolved = resolve_device(device, spec, on_note)
+    made = make_embedder(spec, device=None if resolved == "cpu" else resolved)
+    with contextlib.suppress(AttributeError):  # a class with __slots__ and no room for it
+        made.spec = spec  # type: ignore[attr-defined]
+    return made, spec
 
 
 def _state_of(row: ChunkRow) -> RowState:
     return RowState(row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash)
 
 
-def _embed(
+def _rows_to_write(
     db: VectorStore,
-    model: str,
-    batcher: BatchEmbedding,
-    batch_size: int,
+    embedder: Any,
     live: dict[str, ChunkRow],
     states: dict[str, RowState],
     report: IndexReport,
+    how: _Embedding,
     on_progress: Progress | None,
 ) -> list[tuple[ChunkRow, Vector | None]]:
-    """Rows to write with their vectors: cached, computed (and cached at once), or kept."""
+    """Rows to write with their vectors: cached, computed (and cached at once), or kept
+    (``None``: the text did not change, the stored vector stays)."""
     todo: list[ChunkRow] = []  #: rows whose stored vector does not fit
     upserts: list[tuple[ChunkRow, Vector | None]] = []
     for cid, row in live.items():
@@ -401,39 +315,31 @@ def _embed(
             report.updated += 1
             report.fixed.setdefault("stale", []).append(cid)
         todo.append(row)
-    vectors = db.cached(model, {r.digest for r in todo})
-    report.cache_hits = sum(1 for r in todo if r.digest in vectors)
-    missing: dict[str, str] = {}
-    for r in todo:
-        if r.digest not in vectors:
-            missing.setdefault(r.digest, r.embed_text)
-    ordered = sorted(missing.items(), key=lambda item: len(item[1]))
-    if on_progress:
-        on_progress("embed", 0, len(ordered))
-    size = batch_size or _batch_size()
-    batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
     try:
-        for number, computed, counts in batcher.run([[text for _, text in batch] for batch in batches]):
-            batch = batches[number]
-            entries = {digest: (computed[j], counts[j]) for j, (digest, _) in enumerate(batch)}
-            db.put_cache(model, entries)
-            vectors.update(entries)
-            report.embedded += len(batch)
-            if on_progress:
-                on_progress("embed", report.embedded, len(ordered))
+        done = embed_uncached(
+            db,
+            embedder,
+            [(r.digest, r.embed_text) for r in todo],
+            executor=how.executor,
+            batch_size=how.batch_size,
+            on_progress=on_progress,
+        )
     except BatchRejectedError as exc:
-        raise EmbedderError(_rejected(exc, batches[exc.batch], todo)) from None
+        raise EmbedderError(_rejected(exc, todo)) from None
+    finally:
+        report.embedded_on = dict(getattr(how.executor, "summary", None) or {})
+    report.cache_hits, report.embedded = done.cache_hits, done.embedded
     for r in todo:
-        vector, tokens = vectors[r.digest]
+        vector, tokens = done.vectors[r.digest]
         upserts.append((r.with_tokens(tokens), vector))
     if not report.reconcile:
         report.fixed.clear()
     return upserts
 
 
-def _rejected(exc: BatchRejectedError, batch: list[tuple[str, str]], todo: list[ChunkRow]) -> str:
+def _rejected(exc: BatchRejectedError, todo: list[ChunkRow]) -> str:
     """The message for a batch the embedder refused: its chunk ids, the reason, what to do."""
-    digests = {digest for digest, _ in batch}
+    digests = set(exc.digests)
     ids = sorted(r.chunk_id for r in todo if r.digest in digests)
     shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
     return (
@@ -443,24 +349,6 @@ def _rejected(exc: BatchRejectedError, batch: list[tuple[str, str]], todo: list[
     )
 
 
-def _chunk_files(out: Path) -> Iterator[str]:
-    """Every chunk file under ``out`` (``*.json`` outside ``.chunkyard/``), relative, POSIX."""
-    for root, dirs, files in os.walk(out):
-        dirs[:] = sorted(d for d in dirs if d != STATE_DIR)
-        rel = Path(root).relative_to(out)
-        for name in sorted(files):
-            if name.endswith(".json"):
-                yield (rel / name).as_posix()
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        record = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def _rebuild(
     out: Path,
     store_arg: str | Path | None,
@@ -468,54 +356,18 @@ def _rebuild(
     path: Path,
     embedder: Any,
     on_progress: Progress | None,
-    execution: EmbedExecution,
-    on_note: Say | None,
+    how: _Embedding,
 ) -> IndexReport:
-    """Build a fresh index beside the old one, then swap it in: the old stays searchable until then."""
-    import shutil
-
-    fresh = path.with_name(path.name + ".rebuild")
-    _remove(fresh)
+    """A fresh index built beside the old one, then swapped in: the old stays searchable until then."""
     if embedder is None:  # the same embedder as before: a rebuild from scratch
         embedder = _stored_meta(kind, path).get("embed_spec") or None
-    report = _run(
-        out,
-        store_arg,
+    report = rebuild_beside(
         kind,
-        fresh,
-        embedder,
-        reconcile=False,
-        on_progress=on_progress,
-        execution=execution,
-        on_note=on_note,
+        path,
+        lambda fresh: _run(
+            out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, how=how
+        ),
     )
-    if fresh.is_dir():  # LanceDB: a folder cannot be swapped in one step; the old one goes last
-        old = path.with_name(path.name + ".old")
-        _remove(old)
-        if path.exists():
-            os.replace(path, old)
-        os.replace(fresh, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        if path.exists():  # the old file's WAL emptied into it first: its WAL never meets the new file
-            db = open_at(kind, path)
-            try:
-                getattr(db, "checkpoint", lambda: None)()
-            finally:
-                db.close()
-        os.replace(fresh, path)  # one atomic step: readers see the old index or the new one
-        for suffix in ("-wal", "-shm"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
     report.store = str(path)
     report.reason = "rebuild"
     return report
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    if path.is_dir():
-        shutil.rmtree(path)
-    for p in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
-        if p.is_file():
-            p.unlink()
