@@ -299,8 +299,14 @@ class SqliteStore:
                 self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
             for cid in sorted(deletes):
                 self._drop(cid, keep_vector=False)
+            stored = self._stored_ids([row.chunk_id for row, vector in upserts if vector is not None])
+            fresh: list[tuple[ChunkRow, Vector]] = []
             for row, vector in upserts:
-                self._put(row, vector)
+                if vector is not None and row.chunk_id not in stored:
+                    fresh.append((row, vector))
+                else:
+                    self._put(row, vector)
+            self._insert_fresh(fresh)
             self._conn.executemany(
                 "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", sorted(meta.items())
             )
@@ -337,6 +343,34 @@ class SqliteStore:
                 f"CREATE VIRTUAL TABLE vectors USING vec0(chunk_id TEXT PRIMARY KEY, "
                 f"embedding float[{int(dim)}] distance_metric=cosine)"
             )
+
+    def _stored_ids(self, chunk_ids: list[str]) -> set[str]:
+        """Those of ``chunk_ids`` the store holds (a vector is never stored without its row)."""
+        found: set[str] = set()
+        for part in _parts(chunk_ids):
+            marks = ",".join("?" * len(part))
+            found.update(
+                cid
+                for (cid,) in self._conn.execute(
+                    f"SELECT chunk_id FROM chunks WHERE chunk_id IN ({marks})", part
+                )
+            )
+        return found
+
+    def _insert_fresh(self, rows: Sequence[tuple[ChunkRow, Vector]]) -> None:
+        """Rows the store does not hold yet, with their vectors: three ``executemany`` in all,
+        no per-row lookups or deletes (a new index writes every row this way)."""
+        if not rows:
+            return
+        self._conn.executemany(_INSERT, [(*(getattr(r, c) for c in _INSERTED), r.to_json()) for r, _ in rows])
+        self._conn.executemany(
+            "INSERT INTO fts(rowid, body) SELECT rowid, ? FROM chunks WHERE chunk_id = ?",
+            [(analyze(r.embed_text), r.chunk_id) for r, _ in rows],
+        )
+        self._conn.executemany(
+            "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",
+            [(r.chunk_id, np.asarray(v, dtype=np.float32).tobytes()) for r, v in rows],
+        )
 
     def _drop(self, cid: str, *, keep_vector: bool) -> None:
         found = list(self._conn.execute("SELECT rowid FROM chunks WHERE chunk_id = ?", (cid,)))
