@@ -7,7 +7,7 @@ fresh processes, wall time of each, for
 - ``ray``: ``index --executor ray`` on a one-node Ray cluster with all of this machine's
   CPUs (``--num-cpus``), started for the benchmark inside a loopback-only namespace
   (``tests/ray_support.py``; needs root for ``unshare``), with the default actors (one per
-  CPU) and with one actor of all the CPUs. Ray's start (``ray start``) is not counted; the
+  CPU), and with ``--one-actor-too`` also one actor of all the CPUs. Ray's start (``ray start``) is not counted; the
   driver's connect and the actors' model loads are.
 
 Then the parent's absorption (``bench/absorb.py``): vectors/s into each store with the
@@ -16,7 +16,8 @@ vectors supplied, embedding out of the figure.
 The default corpus is rust-book (1.5 MB): the 18 MB benchmark corpus costs ~1,000 CPU-s of
 embedding per configuration, too much for a shared 2-core machine (``--corpus`` takes another).
 
-Usage: ``python bench/index_ray_bench.py [--corpus rust-book] [--cpus 2] [--vectors 20000] [--skip-ray]``.
+Usage: ``python bench/index_ray_bench.py [--corpus rust-book] [--cpus 2] [--vectors 20000] [--skip-ray]
+[--one-actor-too]``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=2, help="the Ray node's CPUs (this machine's cores)")
     parser.add_argument("--vectors", type=int, default=20_000, help="vectors for the absorption figure")
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--one-actor-too", action="store_true", help="also time one actor of all the CPUs")
     args = parser.parse_args()
     corpus = CORPORA / args.corpus
     work = Path(tempfile.mkdtemp(prefix="cy-tts-"))
@@ -109,10 +111,12 @@ def main() -> int:
             else:
                 cluster = one_node_cluster(args.cpus)
                 try:
-                    for name, extra in (
-                        (f"ray {args.cpus}x1", []),
-                        (f"ray 1x{args.cpus}", ["--actors", "1", "--cpus-per-actor", str(args.cpus)]),
-                    ):
+                    configs: list[tuple[str, list[str]]] = [(f"ray {args.cpus}x1", [])]
+                    if args.one_actor_too:
+                        configs.append(
+                            (f"ray 1x{args.cpus}", ["--actors", "1", "--cpus-per-actor", str(args.cpus)])
+                        )
+                    for name, extra in configs:
                         out = work / name.replace(" ", "-")
                         flags = ["--executor", "ray", "--address", ADDRESS, *extra]
                         results[name] = to_searchable(corpus, out, flags, cluster.run)

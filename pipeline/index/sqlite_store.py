@@ -344,8 +344,29 @@ class SqliteStore:
                 f"embedding float[{int(dim)}] distance_metric=cosine)"
             )
 
+    def _vector_ids(self, chunk_ids: list[str]) -> set[str]:
+        """Those of ``chunk_ids`` that have a vector, from vec0's id table (sqlite-vec 0.1's
+        layout); all of them when that table cannot be read (each is then deleted, if there)."""
+        import apsw
+
+        if not self._has_vectors():
+            return set()
+        found: set[str] = set()
+        try:
+            for part in _parts(chunk_ids):
+                marks = ",".join("?" * len(part))
+                found.update(
+                    str(cid)
+                    for (cid,) in self._conn.execute(
+                        f"SELECT id FROM vectors_rowids WHERE id IN ({marks})", part
+                    )
+                )
+        except apsw.Error:
+            return set(chunk_ids)
+        return found
+
     def _stored_ids(self, chunk_ids: list[str]) -> set[str]:
-        """Those of ``chunk_ids`` the store holds (a vector is never stored without its row)."""
+        """Those of ``chunk_ids`` the store holds rows for."""
         found: set[str] = set()
         for part in _parts(chunk_ids):
             marks = ",".join("?" * len(part))
@@ -362,6 +383,11 @@ class SqliteStore:
         no per-row lookups or deletes (a new index writes every row this way)."""
         if not rows:
             return
+        orphans = self._vector_ids([r.chunk_id for r, _ in rows])  # a drifted store: a vector without its row
+        if orphans:
+            self._conn.executemany(
+                "DELETE FROM vectors WHERE chunk_id = ?", [(cid,) for cid in sorted(orphans)]
+            )
         self._conn.executemany(_INSERT, [(*(getattr(r, c) for c in _INSERTED), r.to_json()) for r, _ in rows])
         self._conn.executemany(
             "INSERT INTO fts(rowid, body) SELECT rowid, ? FROM chunks WHERE chunk_id = ?",
