@@ -50,7 +50,7 @@ def texts_of(count: int) -> list[str]:
 
 def _embed(texts: list[str], threads: int, batch: int, bucket: bool) -> float:
     """Seconds to embed ``texts`` with one session of ``threads`` (loaded before the clock)."""
-    from pipeline.index.embedders import OnnxEmbedder
+    from pipeline.index.embed_onnx import OnnxEmbedder
 
     embedder = OnnxEmbedder(threads=threads, batch_size=batch)
     embedder.embed(["warm up"])
@@ -64,7 +64,7 @@ def _embed(texts: list[str], threads: int, batch: int, bucket: bool) -> float:
 
 
 def _worker(texts: list[str], threads: int, batch: int, start: object, out: mp.Queue) -> None:
-    from pipeline.index.embedders import OnnxEmbedder
+    from pipeline.index.embed_onnx import OnnxEmbedder
 
     embedder = OnnxEmbedder(threads=threads, batch_size=batch)
     embedder.embed(["warm up"])
