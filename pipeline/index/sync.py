@@ -34,7 +34,7 @@ from pipeline.errors import UsageError
 from pipeline.index.batches import BatchRejectedError, Say
 from pipeline.index.embed_step import EmbedExecutor, Progress, embed_uncached
 from pipeline.index.embedders import EmbedderError
-from pipeline.index.feedplan import plan_feed
+from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
@@ -45,6 +45,7 @@ from pipeline.index.identity import (
 )
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.scale import scale_sync, settle_scale
 from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
 
 
@@ -87,6 +88,7 @@ class IndexReport:
     reconcile: bool = False
     fixed: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
     embedded_on: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -168,6 +170,45 @@ def _run(
     stored = _stored_meta(kind, path)
     embedder, spec = _embedder(embedder, stored, how.device, how.on_note)
     wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
+    _check_follows(out, store_arg, path, stored, wanted, spec)
+    db = open_at(kind, path, dim=embedder.dim)
+    try:
+        report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
+        report.reconcile = reconcile
+        plan = _plan(out, db, stored, report)
+        if on_progress:
+            on_progress("plan", len(plan.upserts), len(plan.upserts))
+        upserts = _rows_to_write(db, embedder, plan, report, how, on_progress)
+        meta = _next_meta(
+            db, stored, {**wanted, "out": str(out.resolve()), "embed_spec": spec}, plan, upserts, report
+        )
+        scale = scale_sync(kind, path, embedder.dim, report)
+        if not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None) and stored:
+            if scale is not None:
+                scale.settle(stored)
+            return _done(report, started)  # nothing moved: the index stays as it is, generation too
+        if on_progress:
+            on_progress("commit", 0, 1)
+        replaced = scale.before(upserts, plan.deletes) if scale is not None else {}
+        db.commit(upserts, plan.deletes, meta, model=embedder.name)
+        if scale is not None:  # the scale indexes follow the committed store (pipeline.index.scale)
+            scale.after(replaced, upserts, meta, stored)
+        if on_progress:
+            on_progress("commit", 1, 1)
+    finally:
+        db.close()
+    return _done(report, started)
+
+
+def _check_follows(
+    out: Path,
+    store_arg: str | Path | None,
+    path: Path,
+    stored: dict[str, str],
+    wanted: dict[str, str],
+    spec: str,
+) -> None:
+    """Refuse a store built with another embedder or analyzer, or following another chunk folder."""
     hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
     check_compatible(stored, wanted, where=str(path), hint=hint)
     where = str(out.resolve())
@@ -177,59 +218,57 @@ def _run(
             f"{path}: this index follows {stored['out']}, not {where} "
             "(hint: give each chunk folder its own --store)"
         )
-    db = open_at(kind, path, dim=embedder.dim)
-    try:
-        report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
-        report.reconcile = reconcile
-        new_index = not stored.get("chunks") or stored.get("chunks") == "0"
-        plan = plan_feed(out, stored.get("cursor") or None, db, full=reconcile or new_index)
-        report.changes, report.cursor, report.full = plan.changes, plan.cursor, plan.full
-        report.reason = plan.reason or ("reconcile" if reconcile else "new index" if new_index else "")
-        if reconcile:
-            report.fixed["extra"] = sorted(plan.deletes)
-        live = {cid: ChunkRow.from_record(chunk.record, chunk.file) for cid, chunk in plan.upserts.items()}
-        if on_progress:
-            on_progress("plan", len(live), len(live))
-        upserts = _rows_to_write(db, embedder, live, plan.held, report, how, on_progress)
-        written = {row.chunk_id: _state_of(row) for row, _ in upserts}
-        report.redirected = sum(
-            1
-            for old, new in plan.redirects
-            if old in plan.deletes and (new in written or (new in plan.held and new not in plan.deletes))
-        )
-        report.deleted = len(plan.deletes)
-        summary = summarize(
-            stored,
-            plan.held if plan.full else None,
-            db.states,
-            plan.deletes,
-            plan.held,
-            written,
-            embedder.max_tokens - 2,  # [CLS], [SEP]
-        )
-        report.chunks, report.truncated = summary.chunks, summary.truncated
-        meta = {
-            **wanted,
-            "format": FORMAT,
-            "out": where,
-            "embed_spec": spec,
-            "generation": str(int(stored.get("generation", "0")) + 1),
-            "cursor": report.cursor or "",
-            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **summary.meta(),
-        }
-        meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
-        report.index_hash = meta["index_hash"]
-        if not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None) and stored:
-            return _done(report, started)  # nothing moved: the index stays as it is, generation too
-        if on_progress:
-            on_progress("commit", 0, 1)
-        db.commit(upserts, plan.deletes, meta, model=embedder.name)
-        if on_progress:
-            on_progress("commit", 1, 1)
-    finally:
-        db.close()
-    return _done(report, started)
+
+
+def _plan(out: Path, db: VectorStore, stored: dict[str, str], report: IndexReport) -> FeedPlan[RowState]:
+    """The feed planner's plan for this store: full on a reconcile or a new index."""
+    new_index = not stored.get("chunks") or stored.get("chunks") == "0"
+    plan = plan_feed(out, stored.get("cursor") or None, db, full=report.reconcile or new_index)
+    report.changes, report.cursor, report.full = plan.changes, plan.cursor, plan.full
+    report.reason = plan.reason or ("reconcile" if report.reconcile else "new index" if new_index else "")
+    if report.reconcile:
+        report.fixed["extra"] = sorted(plan.deletes)
+    report.deleted = len(plan.deletes)
+    return plan
+
+
+def _next_meta(
+    db: VectorStore,
+    stored: dict[str, str],
+    config: dict[str, str],
+    plan: FeedPlan[RowState],
+    upserts: list[tuple[ChunkRow, Vector | None]],
+    report: IndexReport,
+) -> dict[str, str]:
+    """The meta the commit writes: ``config`` (embedder, analyzer, chunk folder, spec), the
+    cursor, the generation, the summary of the indexed chunks and ``index_hash``."""
+    written = {row.chunk_id: _state_of(row) for row, _ in upserts}
+    report.redirected = sum(
+        1
+        for old, new in plan.redirects
+        if old in plan.deletes and (new in written or (new in plan.held and new not in plan.deletes))
+    )
+    summary = summarize(
+        stored,
+        plan.held if plan.full else None,
+        db.states,
+        plan.deletes,
+        plan.held,
+        written,
+        report.max_tokens - 2,  # [CLS], [SEP]
+    )
+    report.chunks, report.truncated = summary.chunks, summary.truncated
+    meta = {
+        **config,
+        "format": FORMAT,
+        "generation": str(int(stored.get("generation", "0")) + 1),
+        "cursor": report.cursor or "",
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **summary.meta(),
+    }
+    meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
+    report.index_hash = meta["index_hash"]
+    return meta
 
 
 def _done(report: IndexReport, started: float) -> IndexReport:
@@ -287,8 +326,7 @@ def _state_of(row: ChunkRow) -> RowState:
 def _rows_to_write(
     db: VectorStore,
     embedder: Any,
-    live: dict[str, ChunkRow],
-    states: dict[str, RowState],
+    plan: FeedPlan[RowState],
     report: IndexReport,
     how: _Embedding,
     on_progress: Progress | None,
@@ -297,8 +335,9 @@ def _rows_to_write(
     (``None``: the text did not change, the stored vector stays)."""
     todo: list[ChunkRow] = []  #: rows whose stored vector does not fit
     upserts: list[tuple[ChunkRow, Vector | None]] = []
-    for cid, row in live.items():
-        known = states.get(cid)
+    for cid, chunk in plan.upserts.items():
+        row = ChunkRow.from_record(chunk.record, chunk.file)
+        known = plan.held.get(cid)
         if known is not None and known.digest == row.digest:
             row = row.with_tokens(known.model_tokens)
             if known.row_digest == row.row_digest:
@@ -368,6 +407,7 @@ def _rebuild(
             out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, how=how
         ),
     )
+    settle_scale(kind, path, report)  # the scale indexes follow the swapped-in store
     report.store = str(path)
     report.reason = "rebuild"
     return report
