@@ -171,7 +171,8 @@ def update_index(
     """
     import warnings
 
-    from pipeline.index.batches import EmbedExecution, make_executor
+    from pipeline.index.batches import EmbedExecution
+    from pipeline.index.embed_ray import make_executor
     from pipeline.index.sync import index as run_index
 
     def on_note(message: str) -> None:

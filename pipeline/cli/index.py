@@ -108,7 +108,8 @@ def index_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Apply the change feed to the vector index: embed only what changed, delete what went."""
-    from pipeline.index.batches import EmbedExecution, make_executor
+    from pipeline.index.batches import EmbedExecution
+    from pipeline.index.embed_ray import make_executor
     from pipeline.index.sync import index
     from pipeline.index.vector_store import IndexMismatchError
 

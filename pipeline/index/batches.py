@@ -7,20 +7,16 @@ way the parent writes every vector: only the embedding moves.
 
 ``EmbedExecution`` holds the options of ``chunkyard index --executor ray --address ...
 --batch-size ... --actors ... --cpus-per-actor ... --num-gpus ... --device ...``;
-``make_executor`` turns them into the executor. Ray is imported only for ``ray``.
+``pipeline.index.embed_ray.make_executor`` turns them into the executor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pipeline.errors import UsageError
 from pipeline.index.embedders import EmbedderError
-
-if TYPE_CHECKING:
-    from pipeline.index.embed_ray import RayEmbedExecutor
 
 EXECUTORS = ("local", "ray")
 
@@ -78,16 +74,3 @@ class EmbedExecution:
                 "--address, --actors, --cpus-per-actor and --num-gpus need --executor ray "
                 "(hint: add --executor ray, or drop them)"
             )
-
-
-def make_executor(execution: EmbedExecution, say: Say | None = None) -> RayEmbedExecutor | None:
-    """The executor ``execution`` asks for: ``None`` for a local run (``embed_step``'s default).
-
-    The caller closes a Ray executor when done (``close()``: it leaves the cluster).
-    """
-    execution.check()
-    if execution.executor != "ray":
-        return None
-    from pipeline.index.embed_ray import RayEmbedExecutor
-
-    return RayEmbedExecutor(execution, say)

@@ -294,3 +294,15 @@ def _start_problem(exc: BaseException) -> str:
             )
     first = (text.strip().splitlines() or [""])[0][:300]
     return f"--executor ray: an embedding actor could not start: {first} (hint: see the Ray logs of its node)"
+
+
+def make_executor(execution: EmbedExecution, say: Say | None = None) -> RayEmbedExecutor | None:
+    """The executor ``execution`` asks for: ``None`` for a local run (``embed_step``'s default).
+
+    Ray itself is imported only when a Ray run embeds. The caller closes a Ray executor when
+    done (``close()``: it leaves the cluster).
+    """
+    execution.check()
+    if execution.executor != "ray":
+        return None
+    return RayEmbedExecutor(execution, say)

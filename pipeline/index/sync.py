@@ -121,7 +121,7 @@ def index(
         rebuild: build a new index beside the old one (another embedder, say) and swap it in.
         wait: wait for another run holding the store's lock (else fail at once).
         executor: where texts are embedded (default: in this process, batch after batch;
-            ``pipeline.index.batches.make_executor`` makes the Ray one).
+            ``pipeline.index.embed_ray.make_executor`` makes the Ray one).
         device: ``cpu``, ``cuda`` or ``auto`` for a model made here (``pipeline.index.device``);
             a Ray executor resolves its own device in each actor.
         batch_size: texts per batch (``None``: ``embed_step``'s default).
