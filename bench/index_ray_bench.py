@@ -16,8 +16,8 @@ vectors supplied, embedding out of the figure.
 The default corpus is rust-book (1.5 MB): the 18 MB benchmark corpus costs ~1,000 CPU-s of
 embedding per configuration, too much for a shared 2-core machine (``--corpus`` takes another).
 
-Usage: ``python bench/index_ray_bench.py [--corpus rust-book] [--cpus 2] [--vectors 20000] [--skip-ray]
-[--one-actor-too]``.
+Usage: ``python bench/index_ray_bench.py [--corpus rust-book] [--limit N] [--cpus 2] [--vectors 20000]
+[--skip-ray] [--one-actor-too] [--skip-absorb]``.
 """
 
 from __future__ import annotations
@@ -94,12 +94,20 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=2, help="the Ray node's CPUs (this machine's cores)")
     parser.add_argument("--vectors", type=int, default=20_000, help="vectors for the absorption figure")
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--limit", type=int, default=0, help="the corpus's first N documents only (0: all)")
+    parser.add_argument("--skip-absorb", action="store_true")
     parser.add_argument("--one-actor-too", action="store_true", help="also time one actor of all the CPUs")
     args = parser.parse_args()
     corpus = CORPORA / args.corpus
     work = Path(tempfile.mkdtemp(prefix="cy-tts-"))
-    results: dict[str, Any] = {"corpus": args.corpus}
+    results: dict[str, Any] = {"corpus": args.corpus, "limit": args.limit}
     try:
+        if args.limit:
+            subset = work / "corpus"
+            for path in sorted(corpus.rglob("*.md"))[: args.limit]:
+                (subset / path.relative_to(corpus)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, subset / path.relative_to(corpus))
+            corpus = subset
         results["local"] = to_searchable(corpus, work / "local", [])
         print("local", json.dumps(results["local"]), flush=True)
         if not args.skip_ray:
@@ -125,6 +133,8 @@ def main() -> int:
                         print(name, json.dumps(results[name]), flush=True)
                 finally:
                     cluster.close()
+        if args.skip_absorb:
+            return 0
         from absorb import absorb, chunk_rows
 
         rows = chunk_rows(work / "absorb", args.vectors)
