@@ -152,7 +152,7 @@ class HnswIndex:
 
     def _publish(self, graph: Any, generation: str, removed: int = 0) -> None:
         old = self.state().get("file")
-        name = f"{self.store_path.name}.hnsw-{generation}"
+        name = f"{self.store_path.name}.hnsw-{generation.replace(':', '-')}"  # no colon: Windows
         path = self.store_path.parent / name
         tmp = path.with_name(name + ".tmp")
         graph.save(str(tmp))
