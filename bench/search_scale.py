@@ -223,7 +223,7 @@ def build_store(
 def build_scale(path: Path) -> dict[str, float]:
     """Both scale indexes built from the store, as ``chunkyard index`` builds them."""
     from pipeline.index import ann, bm25_tantivy
-    from pipeline.index.scale import SCALE_ENV, ScaleSync
+    from pipeline.index.scale import SCALE_ENV, ScaleSync, stamp
     from pipeline.index.sqlite_store import SqliteStore
 
     db = SqliteStore(path)
@@ -232,7 +232,7 @@ def build_scale(path: Path) -> dict[str, float]:
     taken: dict[str, float] = {}
     os.environ[SCALE_ENV] = "on"
     sync = ScaleSync(path, int(meta["dim"]))
-    if bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(path)).generation() != meta["generation"]:
+    if bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(path)).generation() != stamp(meta):
         started = time.perf_counter()
         bm25_tantivy.remove(bm25_tantivy.folder_for(path))
         ann.HnswIndex(path, int(meta["dim"])).remove()

@@ -39,8 +39,11 @@ BM25_MIN_CHUNKS = 50_000
 #: From this many chunks on, dense search runs on the HNSW graph (``auto``).
 ANN_MIN_CHUNKS = 100_000
 #: The graph is asked for this many times ``k + TIE_MARGIN`` candidates; they are scored
-#: again with the stored float32 vectors and cut at k (int8 distances misorder near ties).
-ANN_OVERFETCH = 2
+#: again with the stored float32 vectors and cut at k (more did not raise recall: the
+#: search's ``ef`` does).
+ANN_OVERFETCH = 1
+#: SQLite's memory map for the dense side's reader (its upper limit by default).
+MMAP_BYTES = 2_147_418_112
 _BATCH = 500
 
 
@@ -163,8 +166,39 @@ class StoreReader:
         return found
 
     def cosine(self, rowids: Sequence[int], vector: Vector) -> list[tuple[str, float]]:
-        """``(chunk_id, cosine similarity)`` of these rows, computed by vec0 as exact search does."""
+        """``(chunk_id, cosine similarity)`` of these rows, computed by vec0's own function on
+        the stored float32 vectors, as exact search computes it.
+
+        The vectors are read from vec0's tables directly (sqlite-vec 0.1's layout: a row per
+        id with its block and offset, the block one blob): a lookup through the ``vec0``
+        table reads each candidate's whole block. Another layout: through the table."""
+        import apsw
+
         raw = np.asarray(vector, dtype=np.float32).tobytes()
+        width = len(raw)
+        hits: list[tuple[str, float]] = []
+        try:
+            for part in _parts(list(rowids)):
+                marks = ",".join("?" * len(part))
+                for cid, block, offset in self.conn.execute(
+                    "SELECT c.chunk_id, r.chunk_id, r.chunk_offset FROM chunks c "
+                    f"JOIN vectors_rowids r ON r.id = c.chunk_id WHERE c.rowid IN ({marks})",
+                    part,
+                ):
+                    with self.conn.blob_open(
+                        "main", "vectors_vector_chunks00", "vectors", int(block), False
+                    ) as blob:
+                        blob.seek(int(offset) * width)
+                        stored = blob.read(width)
+                    if len(stored) != width:
+                        raise apsw.SQLError("vector block shorter than expected")
+                    for (dist,) in self.conn.execute("SELECT vec_distance_cosine(?, ?)", (stored, raw)):
+                        hits.append((str(cid), 1.0 - float(dist)))
+        except apsw.Error:
+            return self._cosine_through_vec0(rowids, raw)
+        return hits
+
+    def _cosine_through_vec0(self, rowids: Sequence[int], raw: bytes) -> list[tuple[str, float]]:
         hits: list[tuple[str, float]] = []
         for part in _parts(list(rowids)):
             marks = ",".join("?" * len(part))
@@ -368,6 +402,9 @@ class ScaleSearch:
 
         self.store_path = Path(store_path)
         self.reader = StoreReader(self.store_path)  # dense's; BM25 may run in another thread:
+        # the candidates' float32 vectors are read from vec0's blocks: mapped, a read is a
+        # memory access instead of a walk of the block's overflow pages through read calls
+        self.reader.conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
         self.lexical_reader = StoreReader(self.store_path)  # apsw connections are not shared across threads
         self.stale: set[str] = set()
         folder = bm25_tantivy.folder_for(self.store_path)
