@@ -434,7 +434,7 @@ def bm25_gold_sets(scratch: Path) -> dict[str, Any]:
     from pipeline.index import bm25_tantivy
     from pipeline.index.embedders import make_embedder
     from pipeline.index.identity import embedder_config
-    from pipeline.index.scale import StoreReader
+    from pipeline.index.scale_reader import StoreReader
 
     config = embedder_config(make_embedder("default"))
     unit = np.zeros(int(config["dim"]), dtype=np.float32)

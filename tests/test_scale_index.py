@@ -29,7 +29,8 @@ from pipeline.errors import UsageError
 from pipeline.index import Searcher, ann, bm25_tantivy, index
 from pipeline.index.analyzer import query_terms
 from pipeline.index.fts_tokens import Fts5Tokens
-from pipeline.index.scale import SCALE_ENV, StoreReader
+from pipeline.index.scale import SCALE_ENV
+from pipeline.index.scale_reader import StoreReader
 from pipeline.index.vector_store import open_store
 
 REPO = Path(__file__).resolve().parents[1]
