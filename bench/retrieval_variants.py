@@ -166,7 +166,7 @@ class IndexSearch:
         store = str(chunk_dir / ".chunkyard" / f"index-{slug}.sqlite")
         report = index(chunk_dir, store, embedder=embed, lang=lang)
         print(f"    index: {report}"[:300], file=sys.stderr)
-        from pipeline.audit.store import open_store
+        from pipeline.audit.chunk_state import open_store
 
         corpus = open_store(chunk_dir).corpus
         self.searcher = Searcher(chunk_dir, store, embedder=embed, corpus=corpus, **options)

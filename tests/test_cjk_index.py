@@ -18,8 +18,8 @@ from pipeline.index import cjk
 from pipeline.index.analyzers import analysis, with_cjk
 from pipeline.index.language import cjk_share, detect, is_cjk_code
 from pipeline.index.query import Searcher
-from pipeline.index.store import IndexMismatchError
 from pipeline.index.sync import index
+from pipeline.index.vector_store import IndexMismatchError
 from tests.index_support import copy_sample, run_ingest
 
 pytest.importorskip("sqlite_vec")

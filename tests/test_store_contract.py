@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.index import index, search
 from pipeline.index.embedders import make_embedder
-from pipeline.index.store import ChunkRow, open_store
+from pipeline.index.rows import ChunkRow
+from pipeline.index.vector_store import open_store
 from tests.index_support import chunk_state, copy_sample, run_ingest, store_state
 from tests.test_redirects import apply_edit
 

