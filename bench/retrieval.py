@@ -1,6 +1,7 @@
 """``make bench-retrieval``: chunkyard's chunks against its peers', same retriever, same relevance rule.
 
-    python bench/retrieval.py [--corpora rust-book,fastapi-en,powershell-docs] [--chunkers a,b] [--k 50]
+    python bench/retrieval.py [--corpora rust-book,fastapi-en,powershell-docs,d2l-zh,fastapi-zh-ja]
+        [--chunkers a,b] [--k 50] [--embedder e5] [--lang cjk|jieba|words]
 
 For each corpus with a gold set in ``bench/gold/<corpus>.jsonl``: every chunker of
 ``retrieval_peers`` chunks the corpus, one retriever indexes each chunk list, every
@@ -49,7 +50,10 @@ from pipeline.stages.tokens import Counter as TokenCounter
 CORPORA = REPO.parent / "shared" / "corpora"
 GOLD = HERE / "gold"
 RESULTS = HERE / "results"
-DEFAULT_CORPORA = "rust-book,fastapi-en,powershell-docs"
+DEFAULT_CORPORA = "rust-book,fastapi-en,powershell-docs,d2l-zh,fastapi-zh-ja"
+#: The CJK sets' cut (``--max-bytes`` overrides; others 1.6 MB): the documents the questions cite
+#: plus distractors, as measured for issue 33 (embedding CJK text is slow on a shared small CPU).
+MAX_BYTES = {"d2l-zh": 1_200_000, "fastapi-zh-ja": 700_000}
 #: Corpora whose stand-in BM25 cuts CJK text into bigrams (``--lang`` overrides).
 CJK_CORPORA = {"d2l-zh": "cjk", "fastapi-zh-ja": "cjk"}
 RRF_K = 60
@@ -331,7 +335,7 @@ def main() -> None:
                     help="the stand-in's BM25 analyzer: cjk cuts CJK runs into bigrams, as chunkyard does for CJK "
                     "corpora; jieba segments Chinese words; words: \\w+ runs (default: cjk for d2l-zh and "
                     "fastapi-zh-ja, else words)")
-    ap.add_argument("--max-bytes", type=int, default=1_600_000,
+    ap.add_argument("--max-bytes", type=int, default=None,
                     help="a larger corpus is cut to the gold set's documents plus others up to this size")
     args = ap.parse_args()
 
@@ -347,7 +351,8 @@ def main() -> None:
         if not root.is_dir() or not gold_path.is_file():
             print(f"{corpus}: skipped (no corpus at {root} or no gold set at {gold_path})", file=sys.stderr)
             continue
-        root = bench_corpus(root, gold_path, args.max_bytes, RESULTS / "corpora")
+        max_bytes = args.max_bytes or MAX_BYTES.get(corpus, 1_600_000)
+        root = bench_corpus(root, gold_path, max_bytes, RESULTS / "corpora")
         gold = load_gold(gold_path, root)
         started = time.perf_counter()
         sets, recovery, dirs = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)

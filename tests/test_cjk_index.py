@@ -162,3 +162,14 @@ def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Pat
         assert searcher.weights == (1.0, CJK_DENSE)
     with Searcher(out, weights=(1.0, 1.0)) as searcher:
         assert searcher.weights == (1.0, 1.0)  # asked for: kept
+
+
+def test_the_lancedb_store_takes_the_cjk_analyzer_too(zh: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("lancedb")
+    _, out = _copy(zh, tmp_path / "lance")
+    store = f"lancedb:{tmp_path / 'lance.lance'}"
+    report = index(out, store, embedder="default")
+    assert report.analyzer == with_cjk(chars.LANCE_ANALYZER, True)
+    with Searcher(out, store, expand_tokens=0) as searcher:
+        hits = searcher("两个张量不在同一个设备上能相加吗", "bm25", 3)
+    assert hits and hits[0]["file"] == "gpu.md"
