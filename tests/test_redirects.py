@@ -230,13 +230,11 @@ def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(
     doc.write_text(edited)
     run(corpus, clean)
 
-    import pipeline.run.record as record_mod
-
     def die(*_a: Any, **_k: Any) -> None:
         raise KeyboardInterrupt  # stands for SIGKILL: nothing after this point runs
 
-    monkeypatch.setattr(record_mod, "fold", die)  # the files are written; the state never hears of them
-    monkeypatch.setattr("pipeline.run.ingest.fold", die)
+    # the files are written; the state never hears of them
+    monkeypatch.setattr("pipeline.run.session.record_result", die)
     with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
         s.sync()
     monkeypatch.undo()
@@ -494,7 +492,7 @@ def test_a_rename_found_after_a_run_died_between_the_new_name_and_the_old(
     def die(*_a: Any, **_k: Any) -> None:
         raise KeyboardInterrupt  # stands for SIGKILL, right before the old name is forgotten
 
-    monkeypatch.setattr("pipeline.run.ingest.forget", die)
+    monkeypatch.setattr("pipeline.run.session.record_gone", die)
     with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
         s.sync()
     monkeypatch.undo()
