@@ -96,6 +96,14 @@ def index_cmd(
     rebuild: Annotated[
         bool, typer.Option("--rebuild", help="Build a new index (e.g. another --embedder) and swap it in.")
     ] = False,
+    lang: Annotated[
+        str | None,
+        typer.Option(
+            "--lang",
+            help="The corpus's language, for a new index or --rebuild: zh, ja, ko (CJK bigram analyzer, "
+            "multilingual embedder when installed), en…; default auto: detected from the chunks.",
+        ),
+    ] = None,
     wait: WaitOpt = True,
     executor: IndexExecutorOpt = "local",
     address: IndexAddressOpt = None,
@@ -152,6 +160,7 @@ def index_cmd(
                 device=device,
                 batch_size=batch_size or None,
                 on_note=on_note,
+                lang=lang,
             )
     except IndexMismatchError as exc:
         raise _mismatch(exc, json_out) from None
@@ -198,6 +207,11 @@ def index_cmd(
             f"{where['resent']} re-sent; texts by node: {escape(nodes) or 'none'}",
             highlight=False,
         )
+    out_console.print(
+        f"embedder {escape(report.embed_model)}: {escape(report.embedder_reason)}; "
+        f"analyzer {escape(report.analyzer)}: {escape(report.analyzer_reason)}",
+        highlight=False,
+    )
     out_console.print(
         f"{escape(report.store)} · {escape(report.embed_model)} · index_hash {escape(report.index_hash)} "
         f"· {report.seconds:.2f} s",
