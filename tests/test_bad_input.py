@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import NOBODY, as_nobody
+from conftest import NOBODY, as_nobody, require
 
 import pipeline.run.ingest as ingest_mod
 import pipeline.run.worker  # noqa: F401 - loaded before any test drops privileges
@@ -236,7 +236,8 @@ def small_disk(world: Path) -> Iterator[Path]:
         ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, check=False
     )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.decode().strip()}); needs root")
+        require("tmpfs", f"cannot mount a small tmpfs to fill ({proc.stderr.decode().strip()}); needs root")
+    require("tmpfs", None)
     try:
         yield mnt
     finally:

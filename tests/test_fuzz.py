@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CHECKER, Chunked, invariant_errors, load_checker
+from conftest import Chunked, has_checker, invariant_errors, load_checker
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from outline import Outline
@@ -253,7 +253,7 @@ def violations(raw: bytes, policy: Policy, *, outline: bool = True) -> list[str]
     result = Chunked(doc, chunks, policy)
     if not outline:  # chunkyard's own view of the headings, then
         return list(invariant_errors(result))
-    seen = load_checker().Outline(doc.text) if CHECKER.exists() else Outline(doc.text)
+    seen = load_checker().Outline(doc.text) if has_checker() else Outline(doc.text)
     problems = list(invariant_errors(result, [h for h, _ in seen.headings]))
     if doc.body_start != seen.fm_end:
         problems.append(f"front matter ends at {doc.body_start}, the checker says {seen.fm_end}")
@@ -299,7 +299,7 @@ def table_over_another_block(raw: bytes) -> bool:
     ``# |``; GFM (cmark-gfm) and chunkyard read a list item holding a table, or a heading and a
     thematic break (``test_a_list_item_is_no_table_header``, ``test_an_atx_heading_is_no_table_header``)."""
     text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-    seen = load_checker().Outline(text) if CHECKER.exists() else Outline(text)
+    seen = load_checker().Outline(text) if has_checker() else Outline(text)
     return any(kind == "table" and _NOT_A_HEADER_ROW.match(text, start) for kind, start, _ in seen.atomic)
 
 

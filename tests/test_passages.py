@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import orjson
 import pytest
+from index_support import run_ingest
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
@@ -22,7 +23,6 @@ from pipeline.evaluate.gold import Sources
 from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.models import Policy
 from pipeline.stages.tokens import Counter
-from tests.index_support import run_ingest
 
 pytest.importorskip("sqlite_vec", reason="the index extra: pip install -e '.[index]'")
 
