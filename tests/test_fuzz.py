@@ -26,6 +26,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,9 +255,11 @@ def violations(raw: bytes, policy: Policy, *, outline: bool = True) -> list[str]
         return [f"{type(exc).__name__}: {exc}"]
     result = Chunked(doc, chunks, policy)
     if not outline:  # chunkyard's own view of the headings, then
-        return list(invariant_errors(result))
+        return list(invariant_errors(result)) + list(table_split_errors(result))
     seen = load_checker().Outline(doc.text) if has_checker() else Outline(doc.text)
-    problems = list(invariant_errors(result, [h for h, _ in seen.headings]))
+    problems = list(invariant_errors(result, [h for h, _ in seen.headings])) + list(
+        table_split_errors(result)
+    )
     if doc.body_start != seen.fm_end:
         problems.append(f"front matter ends at {doc.body_start}, the checker says {seen.fm_end}")
     for r in result.records:  # and no heading markdown-it does not see
@@ -272,6 +275,35 @@ def violations(raw: bytes, policy: Policy, *, outline: bool = True) -> list[str]
         if len(touching) != 1 or not (touching[0][0] <= start and touching[0][1] >= end):
             problems.append(f"code block [{start},{end}) is in {len(touching)} chunks: {touching[:3]}")
     return problems
+
+
+def table_split_errors(result: Chunked) -> Iterator[str]:
+    """A table (as chunkyard parses it, nested ones too) in more than one chunk splits only
+    between rows, and every piece without the header row has it repeated in its ``embedText``."""
+    text = result.text
+    tables = [(b.start, b.end) for b in _blocks(parse(result.doc)) if b.kind == "table"]
+    for ts, te in tables:
+        touching = [
+            r
+            for r in result.records
+            if r["charOffsets"]["charStart"] < te and r["charOffsets"]["charEnd"] > ts
+        ]
+        if len(touching) <= 1:
+            continue
+        header = text[ts : text.find("\n", ts, te) if "\n" in text[ts:te] else te].strip()
+        for r in touching:
+            s, e = r["charOffsets"]["charStart"], r["charOffsets"]["charEnd"]
+            if ts < s < te:
+                line_start = text.rfind("\n", ts, s) + 1 if "\n" in text[ts:s] else ts
+                if text[line_start:s].strip(" \t>"):
+                    yield f"{r['id']}: a table [{ts},{te}) is cut inside a row at {s}"
+                extra = r["embedText"][: len(r["embedText"]) - len(r["originalText"])]
+                if header not in extra:
+                    yield f"{r['id']}: a piece of the table [{ts},{te}) lacks its header {header[:40]!r} in embedText"
+            if ts < e < te:
+                line_end = text.find("\n", e, te)
+                if text[e : te if line_end < 0 else line_end].strip():
+                    yield f"{r['id']}: a table [{ts},{te}) is cut inside a row at {e}"
 
 
 def keep_regression(raw: bytes, policy: Policy, note: str) -> Path:
@@ -694,3 +726,19 @@ def test_a_line_of_unicode_blanks_is_text_as_in_commonmark(text: str) -> None:
     U+2028...) is text (markdown-it agrees). mistletoe tests blankness with Python's
     ``str.strip()``; ``parse`` shows it such a line with a stand-in that is no blank."""
     assert not violations(text.encode(), Policy(target_tokens=16, overlap_tokens=0))
+
+
+def test_a_big_table_splits_between_rows_with_its_header_in_each_piece() -> None:
+    """The table check of ``violations`` on a table it must split (more than twice the target),
+    and the same check failing when the repeated header is taken out of a piece's ``embedText``."""
+    rows = "".join(f"| row {i} alpha | value {i} beta gamma |\n" for i in range(40))
+    raw = ("# Table\n\n| name | value |\n|---|---|\n" + rows).encode()
+    doc, chunks = chunk_document(raw, "fuzz/doc.md", Policy(target_tokens=32, overlap_tokens=0))
+    result = Chunked(doc, chunks, Policy(target_tokens=32, overlap_tokens=0))
+    pieces = [r for r in result.records if r["block_type"] == "table"]
+    assert len(pieces) > 2
+    assert list(table_split_errors(result)) == []
+    assert all(r["embedText"].count("| name | value |") == 1 for r in pieces)
+    second = pieces[1]
+    second["embedText"] = second["originalText"]  # the header dropped from a later piece
+    assert any("lacks its header" in e for e in table_split_errors(result))
