@@ -36,6 +36,7 @@ browser:
 	  echo "make browser: installing Debian's chromium for the browser tests"; \
 	  { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null \
 	    || { echo "make browser: chromium could not be installed (apt-get install -y chromium failed)" >&2; exit 1; }; \
+	  [ -x "$(CHROMIUM)" ] || { echo "make browser: installed, but no chromium at $(CHROMIUM) (set CHROMIUM=...)" >&2; exit 1; }; \
 	else echo "make browser: no chromium at $(CHROMIUM), and not root with apt-get to install it" >&2; exit 1; fi
 
 # PYTEST_ARGS: more pytest options, e.g. PYTEST_ARGS="-m 'not slow'" for a quick pass.
