@@ -1,27 +1,41 @@
 # chunkyard — the two commands: `make ingest` and `make test`.
+#
+# Two installs into one .venv: `make ingest` (and `watch`) install chunkyard alone, what
+# chunking needs; `make test`, `make install-all` (alias `make install`) and the benchmarks
+# add every extra (the frameworks, the embedder, both stores, Ray, the dev tools).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+CORE_STAMP := $(VENV)/.installed-core
+ALL_STAMP  := $(VENV)/.installed-all
+STAMP  := $(ALL_STAMP)
+#: every extra but the peers of `make bench` (bench) and sentence-transformers (st: torch)
+EXTRAS := dev,langchain,llamaindex,embed,index,lancedb,ray
 CORPUS ?= corpus
 OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: install ingest test lint bench bench-watch bench-retrieval bench-adapters fuzz watch clean
+.PHONY: install install-all ingest test lint bench bench-watch bench-retrieval bench-adapters fuzz watch clean
 .PHONY: bench-index
 
-$(STAMP): pyproject.toml
+$(CORE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,langchain,llamaindex,embed,index,lancedb,ray]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; tests/test_ray.py needs ray
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(CORE_STAMP)
 
-install: $(STAMP) ## create .venv and install chunkyard with its dev tools
+$(ALL_STAMP): $(CORE_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; tests/test_ray.py needs ray
+	touch $(ALL_STAMP)
 
-ingest: $(STAMP) ## chunk corpus/ into chunks/
+install-all: $(ALL_STAMP) ## create .venv and install chunkyard with every extra and the dev tools
+
+install: install-all ## the same as install-all
+
+ingest: $(CORE_STAMP) ## chunk corpus/ into chunks/ (installs chunkyard alone on first use)
 	$(BIN)/chunkyard ingest $(CORPUS) --out $(OUT)
 
-watch: $(STAMP) ## keep chunks/ current while corpus/ is edited
+watch: $(CORE_STAMP) ## keep chunks/ current while corpus/ is edited
 	$(BIN)/chunkyard watch $(CORPUS) --out $(OUT)
 
 # the browser tests' and the report benchmark's targets

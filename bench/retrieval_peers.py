@@ -296,11 +296,10 @@ _DESCRIPTION = re.compile(r"^description:\s*(.+)$", re.MULTILINE)
 
 def with_context(out: Path, chunks: list[EvalChunk], corpus: Path, how: str) -> list[EvalChunk]:
     """``chunks`` whose embedded text carries one more line of context after the breadcrumb."""
-    import orjson
 
-    from pipeline.evaluate.chunks import iter_chunk_files
+    from pipeline.chunkfolder import iter_chunk_files, read_chunk_file
 
-    records = {r["chunk_id"]: r for r in (orjson.loads(p.read_bytes()) for p in iter_chunk_files(out))}
+    records = {r["chunk_id"]: r for r in (read_chunk_file(out / rel) for rel in iter_chunk_files(out))}
     extra: dict[str, str] = {}
     if how == "-lead":
         lead: dict[tuple[str, str], str] = {}

@@ -160,7 +160,7 @@ class IndexSearch:
 
         report = index(chunk_dir, embedder=embed)
         print(f"    index: {report}"[:300], file=sys.stderr)
-        from pipeline.audit.store import open_store
+        from pipeline.audit.chunk_state import open_store
 
         corpus = open_store(chunk_dir).corpus
         self.searcher = Searcher(chunk_dir, embedder=embed, corpus=corpus, **options)

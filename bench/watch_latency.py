@@ -1,4 +1,4 @@
-"""Watch latency (SPEC §6): save of a document → its chunk files current.
+"""Watch latency (docs/spec.md, "Watch"): save of a document → its chunk files current.
 
     python bench/watch_latency.py [--saves 60] [--corpus fastapi-en | none | PATH]
                                   [--debounce-ms 50] [--polling] [--profile] [--small-only]

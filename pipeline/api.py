@@ -1,5 +1,9 @@
 """chunkyard's Python API: chunk in memory, ingest a corpus, read chunks and the change feed.
 
+A consumer of its own (another vector store, a cache) follows the feed with ``plan_feed``:
+from its cursor and what it holds, the chunks to upsert and the ids to delete, by the same
+rule the index and the framework adapters follow.
+
 Everything here is also importable from ``pipeline`` itself (``from pipeline import
 chunk_text``), loaded on first use so that ``import pipeline`` stays cheap. The
 framework adapters live in ``pipeline.adapters.langchain`` and
@@ -21,6 +25,7 @@ from pipeline.adapters.changes import Change, Cursor, read_changes
 from pipeline.adapters.folder import ChunkFolder, open_chunks
 from pipeline.adapters.records import chunk_records
 from pipeline.errors import UsageError
+from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.models import Policy
 from pipeline.run.ingest import Options, Summary
 
@@ -31,12 +36,14 @@ __all__ = (
     "Change",
     "ChunkFolder",
     "Cursor",
+    "FeedPlan",
     "Policy",
     "Summary",
     "chunk_file",
     "chunk_text",
     "ingest",
     "open_chunks",
+    "plan_feed",
     "read_changes",
     "search",
     "update_index",

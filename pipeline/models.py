@@ -1,4 +1,4 @@
-"""Frozen values passed between the stages (SPEC §1)."""
+"""Frozen values passed between the stages (docs/spec.md, "Stages")."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ ChunkType = Literal[
 #: Files larger than this are refused (``--max-bytes``).
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 
-#: Block kinds that are never split (SPEC §4 rules 2, 3, 5).
+#: Block kinds that are never split (docs/spec.md, "Splitting" rules 2, 3, 5).
 ATOMIC_KINDS = frozenset({"code", "html", "formula", "image"})
 
 
@@ -81,8 +81,8 @@ class Block(NamedTuple):
 
     ``[start, end)`` is a char span with trailing blank lines dropped; lines are
     1-based and inclusive. Containers (list, item, quote) carry their children.
-    A named tuple, not a frozen dataclass: as immutable, and built ~6x faster (a
-    corpus makes hundreds of thousands of blocks and pieces).
+    A named tuple, not a frozen dataclass: as immutable, and built several times
+    faster (a corpus makes hundreds of thousands of blocks and pieces).
     """
 
     kind: BlockKind

@@ -1,4 +1,4 @@
-"""The runner: the one place that knows the stage order (SPEC §1).
+"""The runner: the one place that knows the stage order (docs/spec.md, "Stages").
 
 ``chunk_document`` is the pure function every executor maps over:
 normalize → parse → sections → split → mint. It touches no disk: the I/O ends
@@ -89,7 +89,7 @@ _COUNTERS: dict[str, Counter] = {}
 
 
 def counter(name: str) -> Counter:
-    """One token counter per tokenizer per process (loading a vocabulary takes ~0.2 s)."""
+    """One token counter per tokenizer per process (loading a vocabulary is slow)."""
     if name not in _COUNTERS:
         _COUNTERS[name] = Counter(name)
     return _COUNTERS[name]

@@ -8,7 +8,8 @@ from typing import Any
 
 import orjson
 
-from pipeline.index.store import digest_text, open_store
+from pipeline.index.rows import digest_text
+from pipeline.index.vector_store import open_store
 from pipeline.run.ingest import Options, ingest
 
 SAMPLE = Path(__file__).resolve().parents[1] / "corpus"

@@ -13,9 +13,10 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.audit.citations import CODES, LOADER_SIDE, REQUIRED, SCHEMA_PATH, check_answer
+from pipeline.audit.answer import CODES, LOADER_SIDE, REQUIRED, SCHEMA_PATH
+from pipeline.audit.chunk_state import open_store
+from pipeline.audit.citations import check_answer
 from pipeline.audit.resolve import resolve
-from pipeline.audit.store import open_store
 from pipeline.cli.app import app
 from pipeline.run.db import dump_state
 from pipeline.run.ingest import Options, ingest

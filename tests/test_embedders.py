@@ -13,7 +13,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from pipeline.errors import UsageError
-from pipeline.index.embedders import ONNX_NAME, Embedder, OnnxEmbedder, make_embedder
+from pipeline.index.embed_onnx import ONNX_NAME, OnnxEmbedder
+from pipeline.index.embedders import Embedder, make_embedder
 from pipeline.stages.wordpiece import tokenizer_json
 
 TEXTS = [

@@ -7,10 +7,9 @@ import sys
 from itertools import pairwise
 from pathlib import Path
 
-import orjson
 import pytest
 
-from pipeline.evaluate.chunks import iter_chunk_files
+from pipeline.chunkfolder import iter_chunk_files, read_chunk_file
 from pipeline.evaluate.gold import Sources
 from pipeline.index.expand import ChunkFiles, ChunkSpan, chunk_spans, expand
 
@@ -31,7 +30,7 @@ def chunk_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def spans(chunk_dir: Path) -> dict[str, ChunkSpan]:
-    return chunk_spans(orjson.loads(p.read_bytes()) for p in iter_chunk_files(chunk_dir))
+    return chunk_spans(read_chunk_file(chunk_dir / rel) for rel in iter_chunk_files(chunk_dir))
 
 
 def section_runs(spans: dict[str, ChunkSpan]) -> list[list[ChunkSpan]]:
@@ -160,8 +159,7 @@ def test_depth_limits_which_ranked_neighbours_may_join(spans):
 
 def test_chunk_files_reads_the_same_spans_lazily(chunk_dir, spans):
     """From a hit's own file, neighbours are found by SPEC §2's file naming: the same spans as reading all."""
-    files = {orjson.loads(p.read_bytes())["chunk_id"]: p.relative_to(chunk_dir).as_posix()
-             for p in iter_chunk_files(chunk_dir)}
+    files = {read_chunk_file(chunk_dir / rel)["chunk_id"]: rel for rel in iter_chunk_files(chunk_dir)}
     for run in section_runs(spans)[:5]:
         lazy = ChunkFiles(chunk_dir)
         lazy.remember(run[0].chunk_id, files[run[0].chunk_id])

@@ -351,7 +351,7 @@ def _to_format_2(out: Path) -> None:
 
 def test_a_format_2_state_is_converted_on_first_open_without_rechunking(tmp_path: Path) -> None:
     """An output of the previous state format keeps everything it knew, and nothing is re-chunked."""
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.errors import UsageError
     from pipeline.run.db import StateError
 

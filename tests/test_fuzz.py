@@ -600,7 +600,7 @@ def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
     nested in and out of each other, ``\u200c x`` / ``===`` closes the last quote's paragraph
     lazily in CommonMark (text, no heading). The old tracker followed only the last list item
     it saw, lost track here and let mistletoe end the quote (a heading the checker does not
-    see); ``mdlazy.Blocks`` keeps CommonMark's container stack."""
+    see); ``mdpatch.lazy.Blocks`` keeps CommonMark's container stack."""
     raw = b"1. - - alpha\n       - <div>\n\n         - alpha\n           - alpha\n   > - - > alpha\n   >     ===\n   >     > ###### alpha alpha\n   >     > \n   >     > alpha alpha alpha alpha alpha alpha alpha alpha\n   >     > alpha alpha\n   >     > &amp; alpha alpha alpha alpha alpha alpha alpha alpha \\| alpha alpha\n   >     > ===\n   >     <script>\n   >     let x = 1;\n   > \n   >     # in script\n   >     - alpha alpha\n   >       - ```\n   >           # not a heading\n   >           # not a heading\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >           ```\n   >       > ```\n   >       > # not a heading\n   >       > alpha alpha alpha 1. alpha alpha\n   >      > ```\n   >    - - > ### alpha\n   > \n   >       > alpha alpha alpha \\|\n   >\n   >       > ### alpha\n   >     > > # alpha\n   >     > > # alpha alpha alpha alpha alpha alpha alpha &amp; 1. alpha alpha\n   >   - > - ```\n   >       alpha\n   >      # not a heading\n   >       alpha\n   >       alpha\n   >       ```\n   > > > > > # alpha\n   > 1. >>  > |alpha|\n   >    > |---|\n   >   1. - >[a]: /u\n   >    >1. >  beta\n\xe2\x80\x8c x\n===\n\t\n"
     assert not violations(raw, Policy(target_tokens=16, overlap_tokens=4))
 

@@ -673,12 +673,14 @@ def test_deep_nesting_is_chunked_not_a_recursion_error(text: str) -> None:
 
 
 def test_link_reference_definitions_are_linear_and_unchanged() -> None:
-    """mdlimits' ``Footnote.read``: mistletoe's result, without its quadratic slicing."""
+    """The patched ``Footnote.read``: mistletoe's result, without its quadratic slicing."""
     from mistletoe import block_token
 
-    from pipeline.stages.mdblocks import read_definitions as _read_definitions
+    from pipeline.stages.mdpatch import install_patches
+    from pipeline.stages.mdpatch.blocks import read_definitions as _read_definitions
     from pipeline.stages.parse import _mistletoe
 
+    install_patches()
     texts = [
         "[a]: /u\n[b]: /v 'title'\n[c]:\n  /w\n  \"t\"\n\npara\n",
         "[a]: /u\nnot a definition\n[b]: /v\n",

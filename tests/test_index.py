@@ -23,8 +23,9 @@ from test_redirects import EDITS, apply_edit
 
 from pipeline.errors import UsageError
 from pipeline.index import index, search
-from pipeline.index.embedders import OnnxEmbedder, make_embedder
-from pipeline.index.store import IndexMismatchError, store_lock
+from pipeline.index.embed_onnx import OnnxEmbedder
+from pipeline.index.embedders import make_embedder
+from pipeline.index.vector_store import IndexMismatchError, store_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX_SCHEMA = json.loads((ROOT / "schemas" / "index.schema.json").read_text())
@@ -141,7 +142,7 @@ def test_each_edit_embeds_exactly_the_texts_that_changed(kind: str, fresh: tuple
 
 
 def _meta(out: Path) -> dict[str, str]:
-    from pipeline.index.store import open_store
+    from pipeline.index.vector_store import open_store
 
     db = open_store(out)
     try:
@@ -177,7 +178,7 @@ def test_an_incremental_index_hash_equals_a_from_scratch_one(fresh: tuple[Path, 
         assert (meta["content"], meta["index_hash"]) == _from_scratch(out, meta), kind
         assert int(meta["chunks"]) == report.chunks == len(chunk_state(out))
     (corpus / "windows-notes.md").unlink()
-    from pipeline.index.store import open_store
+    from pipeline.index.vector_store import open_store
 
     db = open_store(out)  # an index written by a chunkyard that kept no summary
     db._conn.execute(  # type: ignore[attr-defined]
@@ -309,7 +310,7 @@ def test_a_locked_database_fails_the_run_and_keeps_the_index(fresh: tuple[Path, 
     """Another process holds SQLite's write lock for the whole run: StoreError, nothing lost."""
     import apsw
 
-    from pipeline.index.store import StoreError
+    from pipeline.index.vector_store import StoreError
 
     corpus, out = fresh
     before = store_state(out)

@@ -277,7 +277,7 @@ def holds_lock(lock: Path, pid: int) -> bool:
 def searchable(out: Path, store: str | None, expected: dict[str, Any], where: str) -> None:
     """The index as a reader sees it: exactly ``expected`` (the last committed state), and a
     full-text query finds chunks of it."""
-    from pipeline.index.store import open_store
+    from pipeline.index.vector_store import open_store
 
     assert store_state(out, store) == expected, f"{where}: the index is not the last committed one"
     db = open_store(out, store)
@@ -308,8 +308,8 @@ def change_chunks(corpus: Path, out: Path, i: int) -> None:
 
 
 def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tally:
-    from pipeline.index.store import store_spec
     from pipeline.index.sync import index, index_embedder
+    from pipeline.index.vector_store import store_spec
 
     corpus, out = tmp_path / "corpus", tmp_path / "chunks"
     shutil.copytree(SAMPLE, corpus)

@@ -1,6 +1,6 @@
 """The folder tree is the architecture: imports only point down the layers (issue 13).
 
-models/errors < stages < runner < run < audit < index < evaluate < view < adapters < cli.
+models/errors/chunkfolder < stages < runner < run < audit < index < evaluate < view < adapters < cli.
 A module may import its own layer and any layer below it, never one above; the package's
 public face (``pipeline/__init__.py``) and ``__main__`` stand on top of everything.
 """
@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
 
 #: Lowest first. A top-level module or a sub-package is one layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_version", "models", "errors"),
+    ("_version", "models", "errors", "chunkfolder"),
     ("stages",),
     ("runner",),
     ("run",),

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import orjson
 import pytest
 from index_support import run_ingest
 from typer.testing import CliRunner
 
+from pipeline.chunkfolder import iter_chunk_files, read_chunk_file
 from pipeline.cli.app import app
-from pipeline.evaluate.chunks import iter_chunk_files
 from pipeline.evaluate.gold import Sources
 from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.models import Policy
@@ -56,7 +55,7 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def records(indexed: tuple[Path, Path]) -> dict[str, dict[str, Any]]:
     """chunk_id → chunk file record."""
     _, out = indexed
-    recs = (orjson.loads(p.read_bytes()) for p in iter_chunk_files(out))
+    recs = (read_chunk_file(out / rel) for rel in iter_chunk_files(out))
     return {r["chunk_id"]: r for r in recs}
 
 

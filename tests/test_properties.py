@@ -234,7 +234,7 @@ def test_decode_changes_nothing_else(text: str) -> None:
 
 
 def test_pipe_line_over_dashes_is_a_setext_heading_as_in_gfm() -> None:
-    """mistletoe took it for a table; ``pipeline/mdlimits.py`` now counts cells as GFM does."""
+    """mistletoe took it for a table; ``pipeline/stages/mdpatch/blocks.py`` now counts cells as GFM does."""
     result = chunk_md("Intro.\n\nTitle a|b\n---\n\nText.\n", "t.md")
     heads = [h for h, _ in outline(result.text).headings]
     assert heads == [8]
@@ -242,7 +242,7 @@ def test_pipe_line_over_dashes_is_a_setext_heading_as_in_gfm() -> None:
 
 
 def test_line_right_after_a_table_belongs_to_it_as_in_gfm() -> None:
-    """mistletoe ended the table there; ``pipeline/mdlimits.py`` now ends it where GFM does."""
+    """mistletoe ended the table there; ``pipeline/stages/mdpatch/blocks.py`` now ends it where GFM does."""
     result = chunk_md("## A\n\n| h |\n|---|\n| 1 |\nTitle\n===\n\nText.\n", "t.md")
     seen = outline(result.text)
     assert [h for h, _ in seen.headings] == [0]

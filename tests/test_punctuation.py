@@ -1,4 +1,4 @@
-"""mistletoe imported through ``pipeline.stages.punctuation`` ends with the set it builds itself."""
+"""mistletoe imported through ``pipeline.stages.mdpatch.punctuation`` ends with the set it builds itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from pipeline.stages import punctuation
+from pipeline.stages.mdpatch import punctuation
 
 ASCII = set("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 

@@ -10,8 +10,8 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.audit.chunk_state import open_store
 from pipeline.audit.resolve import UnknownIdError, find, resolve
-from pipeline.audit.store import open_store
 from pipeline.cli.app import app
 from pipeline.run.db import StateDB, db_path, dump_state
 from pipeline.run.ingest import Options, ingest

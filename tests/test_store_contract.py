@@ -17,7 +17,8 @@ from test_redirects import apply_edit
 
 from pipeline.index import index, search
 from pipeline.index.embedders import make_embedder
-from pipeline.index.store import ChunkRow, open_store
+from pipeline.index.rows import ChunkRow
+from pipeline.index.vector_store import open_store
 
 KINDS = ["sqlite", "lancedb"]
 TEXTS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.audit.store import open_store
+from pipeline.audit.chunk_state import open_store
 from pipeline.view import collect, render_eval, render_search, report_bytes
 from pipeline.view.page import json_block
 from pipeline.view.results import metric_series

@@ -25,7 +25,7 @@ from cdp import Browser, chromium_binary
 from conftest import require
 from make_hostile_corpus import CONTENT, make_hostile_corpus
 
-from pipeline.audit.store import ChunkStore, open_store
+from pipeline.audit.chunk_state import ChunkStore, open_store
 from pipeline.view import render_eval, render_search
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+from pipeline.audit.chunk_state import ChunkStore, open_store
 from pipeline.audit.resolve import MAX_HOPS
-from pipeline.audit.store import ChunkStore, open_store
+from pipeline.chunkfolder import ChunkRecord
 
 
 class ChunkFolder:
@@ -37,10 +37,10 @@ class ChunkFolder:
     def __len__(self) -> int:
         return sum(len(entry.get("files") or ()) for entry in self._store.docs.values())
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[ChunkRecord]:
         return self.records()
 
-    def records(self, source: str | None = None) -> Iterator[dict[str, Any]]:
+    def records(self, source: str | None = None) -> Iterator[ChunkRecord]:
         """Every chunk record, document by document (sorted by path), in reading order.
 
         Args:
@@ -51,7 +51,7 @@ class ChunkFolder:
             for file in (docs.get(rel) or {}).get("files") or ():
                 yield self._store.read_record(file)
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> ChunkRecord | None:
         """The record a ``chunk_id``, an ``id`` or a chunk file names; ``None`` if none does.
 
         A ``chunk_id`` an edit retired is followed through the redirect map.
@@ -66,7 +66,7 @@ class ChunkFolder:
         loc = self._store.index("chunk_id").get(target) if hops else None
         return self._store.read_record(loc.file) if loc is not None else None
 
-    def __getitem__(self, key: str) -> dict[str, Any]:
+    def __getitem__(self, key: str) -> ChunkRecord:
         record = self.get(key)
         if record is None:
             raise KeyError(key)

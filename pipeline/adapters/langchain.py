@@ -14,7 +14,7 @@ never does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,16 +25,16 @@ from langchain_text_splitters import TextSplitter
 
 from pipeline.adapters.folder import open_chunks
 from pipeline.adapters.records import chunk_records, flat_metadata
-from pipeline.adapters.sync import SyncReport, sync
+from pipeline.adapters.sync import StoreSyncReport, sync
 from pipeline.errors import PipelineError
 from pipeline.models import Policy
 
-__all__ = ("ChunkyardLoader", "ChunkyardTextSplitter", "SyncReport", "sync_vectorstore", "to_document")
+__all__ = ("ChunkyardLoader", "ChunkyardTextSplitter", "StoreSyncReport", "sync_vectorstore", "to_document")
 
 Content = Literal["embed", "original"]
 
 
-def to_document(record: dict[str, Any], content: Content = "embed") -> Document:
+def to_document(record: Mapping[str, Any], content: Content = "embed") -> Document:
     """One chunk record as a LangChain ``Document``.
 
     Args:
@@ -133,7 +133,7 @@ class _VectorStoreTarget:
         self.store = store
         self.content: Content = content
 
-    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
+    def upsert(self, records: Sequence[Mapping[str, Any]], replacing: Sequence[str]) -> None:
         docs = [to_document(r, self.content) for r in records]
         self.store.add_documents(docs, ids=[r["chunk_id"] for r in records])
 
@@ -153,7 +153,7 @@ def sync_vectorstore(
     content: Content = "embed",
     full: bool = False,
     batch_size: int = 128,
-) -> SyncReport:
+) -> StoreSyncReport:
     """Apply a chunk folder's change feed to any LangChain ``VectorStore``, from where it left off.
 
     Keyed by ``chunk_id`` (``add_documents(ids=…)``, ``delete(ids=…)``); a chunk is embedded

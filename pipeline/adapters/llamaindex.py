@@ -24,18 +24,18 @@ from llama_index.core.schema import BaseNode, Document, NodeRelationship, Relate
 
 from pipeline.adapters.folder import open_chunks
 from pipeline.adapters.records import chunk_records, embed_prefix, flat_metadata
-from pipeline.adapters.sync import SyncReport, sync
+from pipeline.adapters.sync import StoreSyncReport, sync
 from pipeline.errors import UsageError
 from pipeline.models import Policy
 
-__all__ = ("ChunkyardNodeParser", "ChunkyardReader", "SyncReport", "sync_vector_store", "to_node")
+__all__ = ("ChunkyardNodeParser", "ChunkyardReader", "StoreSyncReport", "sync_vector_store", "to_node")
 
 #: The metadata key that carries ``embedText``'s context line.
 CONTEXT_KEY = "context"
 
 
 def to_node(
-    record: dict[str, Any], neighbours: Mapping[str, str] | None = None, source_id: str = ""
+    record: Mapping[str, Any], neighbours: Mapping[str, str] | None = None, source_id: str = ""
 ) -> TextNode:
     """One chunk record as a ``TextNode``.
 
@@ -80,7 +80,7 @@ def to_node(
     )
 
 
-def _nodes(records: list[dict[str, Any]], source_id: str = "") -> list[TextNode]:
+def _nodes(records: Sequence[Mapping[str, Any]], source_id: str = "") -> list[TextNode]:
     """A whole document's records as nodes, linked to each other."""
     neighbours = {r["id"]: r["chunk_id"] for r in records}
     return [to_node(r, neighbours, source_id) for r in records]
@@ -183,7 +183,7 @@ class _StoreTarget:
             )
         self.embed_model: BaseEmbedding = model
 
-    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
+    def upsert(self, records: Sequence[Mapping[str, Any]], replacing: Sequence[str]) -> None:
         """Embed first (a failing model touches nothing), then replace the old nodes."""
         nodes = [to_node(r, self._neighbours(r)) for r in records]
         vectors = self.embed_model.get_text_embedding_batch([r["embedText"] for r in records])
@@ -211,7 +211,7 @@ class _StoreTarget:
                 index.docstore.delete_document(cid, raise_error=False)
             index.storage_context.index_store.add_index_struct(struct)
 
-    def _neighbours(self, record: dict[str, Any]) -> dict[str, str]:
+    def _neighbours(self, record: Mapping[str, Any]) -> dict[str, str]:
         """``id`` → ``chunk_id`` of the chunk's neighbours, read from their files."""
         found: dict[str, str] = {}
         folder = record["metadata"]["sourceFile"].rpartition("/")[0]
@@ -236,7 +236,7 @@ def sync_vector_store(
     embed_model: BaseEmbedding | None = None,
     full: bool = False,
     batch_size: int = 512,
-) -> SyncReport:
+) -> StoreSyncReport:
     """Apply a chunk folder's change feed to a LlamaIndex vector store, from where it left off.
 
     Keyed by ``chunk_id``; a chunk is embedded only when its embedded text is new to the

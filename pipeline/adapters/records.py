@@ -5,12 +5,13 @@ Framework-free: both adapters and the public API build on it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
 import blake3
 
-from pipeline.audit.store import uid_of
+from pipeline.audit.chunk_state import uid_of
 from pipeline.models import Policy
 
 
@@ -47,18 +48,18 @@ def chunk_records(
     return [chunk.record for chunk in chunks]
 
 
-def embed_prefix(record: dict[str, Any]) -> str:
+def embed_prefix(record: Mapping[str, Any]) -> str:
     """What ``embedText`` adds before ``originalText`` (context line, a split table's header)."""
     embed, original = record["embedText"], record["originalText"]
     return str(embed[: len(embed) - len(original)]) if embed.endswith(original) else ""
 
 
-def embed_digest(record: dict[str, Any]) -> str:
+def embed_digest(record: Mapping[str, Any]) -> str:
     """A digest of exactly what gets embedded (``embedText``): equal digest, equal vector."""
     return "blake3:" + blake3.blake3(record["embedText"].encode("utf-8")).hexdigest()[:32]
 
 
-def flat_metadata(record: dict[str, Any]) -> dict[str, Any]:
+def flat_metadata(record: Mapping[str, Any]) -> dict[str, Any]:
     """The metadata a vector store keeps for a chunk: flat, scalar values only.
 
     001's citation fields (``doc_id``, ``section_id``, ``snippet_id``, ``source_url``,

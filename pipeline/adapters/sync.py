@@ -1,26 +1,30 @@
-"""Apply the change feed to a vector store, chunk by chunk, from a remembered cursor.
+"""Apply the change feed to a framework's vector store, chunk by chunk, from a remembered cursor.
 
 Framework-free: ``langchain.py`` and ``llamaindex.py`` each give a ``Target`` (how to
-embed-and-add records, how to delete ids) and share everything else here. The store is
-keyed by ``chunk_id``. What the store holds — per ``chunk_id``, the digest of the text
-it embedded and the file it came from — and the feed cursor are kept together in one
-JSON file (150–230 bytes per chunk), written atomically after the store calls succeeded; a failed call
-leaves the cursor where it was, so the next sync replays the same changes and converges,
-embedding nothing the store already took.
+embed-and-add records, how to delete ids) and share everything else here. What to upsert
+and delete comes from the feed planner every consumer shares (``pipeline.index.feedplan``);
+this module decides which upserts need embedding (the embedded text changed) and keeps
+the cursor file. The store is keyed by ``chunk_id``. What the store holds — per
+``chunk_id``, the digest of the text it embedded and the file it came from — and the feed
+cursor are kept together in one JSON file, written atomically after the store calls
+succeeded; a failed call leaves the cursor where it was, so the next sync replays the same
+changes and converges, embedding nothing the store already took.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from pipeline.adapters.changes import Cursor, CursorLostError, read_changes
+from pipeline.adapters.changes import Cursor
 from pipeline.adapters.records import embed_digest
+from pipeline.chunkfolder import ChunkRecord
 from pipeline.errors import UsageError
+from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.run.emit import write_atomic
 
 STATE_FORMAT = 1
@@ -29,7 +33,7 @@ STATE_FORMAT = 1
 class Target(Protocol):
     """A vector store as the sync drives it; ids are ``chunk_id``s."""
 
-    def upsert(self, records: Sequence[dict[str, Any]], replacing: Sequence[str]) -> None:
+    def upsert(self, records: Sequence[Mapping[str, Any]], replacing: Sequence[str]) -> None:
         """Embed the records' ``embedText`` and add them, replacing any with the same id.
 
         ``replacing``: the records' ids the store may hold already (added by an earlier sync).
@@ -40,8 +44,8 @@ class Target(Protocol):
 
 
 @dataclass(slots=True)
-class SyncReport:
-    """What one sync did.
+class StoreSyncReport:
+    """What one sync of a framework's vector store did.
 
     Attributes:
         cursor: the feed cursor the next sync starts after.
@@ -50,8 +54,8 @@ class SyncReport:
         replaced: chunks the store held with another embedded text (embedded again).
         unchanged: written chunks whose embedded text the store already holds (not embedded).
         deleted: chunks removed from the store.
-        skipped: lines whose chunk file is gone or holds another chunk by now (a later
-            line of the feed says what became of it).
+        skipped: chunk files whose last line read is a write of a chunk the file no longer
+            holds (gone, or another chunk by now: a later line of the feed says what became of it).
         full: the whole feed was read again (asked for, or the feed no longer reached
             the cursor), and what it no longer writes was deleted.
     """
@@ -81,11 +85,11 @@ class SyncState:
     chunks: dict[str, list[str]] = field(default_factory=dict)
 
 
-def embedded_text_changed(known: str | None, record: dict[str, Any]) -> bool:
+def embedded_text_changed(known: str | None, record: Mapping[str, Any]) -> bool:
     """Whether a written chunk must be embedded (again): the one rule of the sync.
 
     Compares the digest of what would be embedded with the one recorded when the store
-    last took this ``chunk_id``. The feed's own word (SPEC §10: ``"change": "moved"``
+    last took this ``chunk_id``. The feed's own word (docs/spec.md, change feed: ``"change": "moved"``
     when only a chunk's position or revision moved) is not taken: it compares with the
     file's previous version, not with what this store holds, and a reader that missed
     lines (it resumed after a compaction that kept only a file's last line, or it
@@ -126,17 +130,42 @@ def save_state(path: Path, state: SyncState) -> None:
     write_atomic(path, orjson.dumps(data) + b"\n")
 
 
+class HeldChunk(NamedTuple):
+    """What the cursor file says the store holds of one chunk."""
+
+    digest: str  #: of the text embedded ("": unknown, embed it again)
+    file: str  #: the chunk file it came from
+
+
+class _Held:
+    """The cursor file's chunks as the planner asks for them (``Holdings``)."""
+
+    def __init__(self, chunks: dict[str, list[str]]) -> None:
+        self.chunks = chunks
+
+    def states(self) -> dict[str, HeldChunk]:
+        return {cid: HeldChunk(digest, file) for cid, (digest, file) in self.chunks.items()}
+
+    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, HeldChunk]:
+        files, ids = set(files), set(ids)
+        return {
+            cid: HeldChunk(digest, file)
+            for cid, (digest, file) in self.chunks.items()
+            if file in files or cid in ids
+        }
+
+
 def sync(
     out: Path | str, target: Target, cursor_path: Path | str, *, full: bool = False, batch_size: int = 128
-) -> SyncReport:
+) -> StoreSyncReport:
     """Bring ``target`` up to date with the chunk folder ``out``, from the cursor in ``cursor_path``.
 
     Args:
         out: the chunk folder.
         target: the store to drive.
         cursor_path: the JSON file that remembers the cursor (created on the first sync).
-        full: read the whole feed again and also delete what the store holds that it no
-            longer writes (done by itself when the feed no longer reaches the cursor).
+        full: read every chunk file and also delete what the store holds beyond them
+            (done by itself when the feed no longer reaches the cursor).
         batch_size: chunks per store call.
 
     Returns:
@@ -147,19 +176,13 @@ def sync(
     """
     out, cursor_path = Path(out), Path(cursor_path)
     state = load_state(cursor_path, out)
-    report = SyncReport(state.cursor, full=full)
-    try:
-        upserts, deletes = _plan(out, state, report, None if full else state.cursor)
-    except CursorLostError:  # the feed was replaced or cut short: read it all again
-        report = SyncReport(state.cursor, full=True)
-        upserts, deletes = _plan(out, state, report, None)
+    plan = plan_feed(out, state.cursor, _Held(state.chunks), full=full)
+    report = StoreSyncReport(plan.cursor, changes=plan.changes, skipped=plan.stale, full=plan.full)
     if not report.changes and not report.full:
         return report
     try:
-        live = _upsert(out, target, state, upserts, report, batch_size)
-        if report.full:  # what the feed no longer writes is gone
-            deletes |= state.chunks.keys() - live
-        doomed = [cid for cid in sorted(deletes) if cid in state.chunks]
+        _upsert(target, state, plan, report, batch_size)
+        doomed = [cid for cid in sorted(plan.deletes) if cid in state.chunks]
         for i in range(0, len(doomed), batch_size):
             ids = doomed[i : i + batch_size]
             target.delete(ids)
@@ -174,62 +197,11 @@ def sync(
     return report
 
 
-def _plan(
-    out: Path, state: SyncState, report: SyncReport, after: Cursor | None
-) -> tuple[dict[str, str], set[str]]:
-    """Fold the feed after ``after`` into the ids to upsert (→ their file) and to delete.
-
-    Each chunk file holds one id at a time: an id leaves the store when the file it was
-    last seen in is deleted or written with another id. That needs no ``prev_chunk_id``
-    and no line in between, so a feed that keeps only the last line per file (SPEC §10)
-    is followed as well as a whole one. An id that moved to another file (a document
-    renamed with its ``doc_id``) is live there and stays.
-    """
-    upserts: dict[str, str] = {}
-    deletes: set[str] = set()
-    holds: dict[str, str] = {}  #: chunk file → the id the lines read so far put there ("" = deleted)
-    known_at = {file: cid for cid, (_, file) in state.chunks.items()}
-
-    def leaves(cid: str, file: str) -> None:
-        seen = upserts[cid] if cid in upserts else (state.chunks.get(cid) or ["", ""])[1]
-        if not seen or seen == file:
-            upserts.pop(cid, None)
-            deletes.add(cid)
-
-    def vacate(file: str, keep: str = "") -> None:
-        held = holds[file] if file in holds else known_at.get(file, "")
-        if held and held != keep:
-            leaves(held, file)
-
-    for change in read_changes(out, after):
-        report.changes += 1
-        report.cursor = change.cursor
-        if change.kind == "write" and change.chunk_id:
-            vacate(change.file, keep=change.chunk_id)
-            if change.prev_chunk_id and change.prev_chunk_id != change.chunk_id:
-                leaves(change.prev_chunk_id, change.file)
-            upserts[change.chunk_id] = change.file
-            deletes.discard(change.chunk_id)
-            holds[change.file] = change.chunk_id
-        elif change.kind == "delete":
-            vacate(change.file)
-            if change.chunk_id:
-                leaves(change.chunk_id, change.file)
-            holds[change.file] = ""
-    return upserts, deletes
-
-
 def _upsert(
-    out: Path,
-    target: Target,
-    state: SyncState,
-    upserts: dict[str, str],
-    report: SyncReport,
-    batch_size: int,
-) -> set[str]:
-    """Embed and add what is new to the store; returns the ids found live in their files."""
-    pending: list[tuple[dict[str, Any], str, str]] = []
-    live: set[str] = set()
+    target: Target, state: SyncState, plan: FeedPlan[HeldChunk], report: StoreSyncReport, batch_size: int
+) -> None:
+    """Embed and add the planned upserts whose embedded text is new to the store."""
+    pending: list[tuple[ChunkRecord, str, str]] = []
 
     def flush() -> None:
         if not pending:
@@ -250,28 +222,14 @@ def _upsert(
             state.chunks[cid] = [digest, file]
         pending.clear()
 
-    for cid, file in upserts.items():
-        record = _read(out / file)
-        if record is None or record.get("chunk_id") != cid:
-            report.skipped += 1
-            continue
-        live.add(cid)
+    for cid, chunk in plan.upserts.items():
         known = state.chunks.get(cid)
-        if not embedded_text_changed(known[0] if known else None, record):
+        if not embedded_text_changed(known[0] if known else None, chunk.record):
             report.unchanged += 1
             if known is not None:
-                known[1] = file
+                known[1] = chunk.file
             continue
-        pending.append((record, embed_digest(record), file))
+        pending.append((chunk.record, embed_digest(chunk.record), chunk.file))
         if len(pending) >= batch_size:
             flush()
     flush()
-    return live
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        record = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None

@@ -1,4 +1,6 @@
-"""Audit: ``resolve`` — any chunk address → the exact span of the source, without embeddings (SPEC §8).
+"""Audit: ``resolve`` — any chunk address → the exact span of its source, without embeddings.
+
+The contract: docs/spec.md, "Audit".
 
 An address is a ``chunk_id``, an ``id`` (``doc:<name>::chN``), a chunk file (name
 or path), or a stale ``chunk_id`` that the redirect map sends to a live one.
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pipeline.audit.store import ChunkStore, Location, doc_name_of, uid_of
+from pipeline.audit.chunk_state import ChunkStore, Location, doc_name_of, uid_of
+from pipeline.chunkfolder import ChunkRecord
 from pipeline.errors import PipelineError
 from pipeline.stages.parse import Lines
 
@@ -52,7 +55,7 @@ class Resolved:
 
     query: str
     location: Location
-    record: dict[str, Any]
+    record: ChunkRecord
     source_path: Path
     #: ``current``: the source still holds the text at the chunk's offsets; ``moved``: it holds
     #: it elsewhere; ``changed``: it no longer holds it; ``missing``: there is no source.

@@ -24,7 +24,7 @@ import orjson
 import xxhash
 from blake3 import blake3
 
-from pipeline.audit.store import ChunkStore, doc_name_of, open_store
+from pipeline.audit.chunk_state import ChunkStore, doc_name_of, open_store
 from pipeline.errors import PipelineError
 from pipeline.models import Policy, SourceDoc
 from pipeline.run.discover import discover, walk

@@ -1,4 +1,4 @@
-"""The command line: typer + rich, thin over the run and audit layers (SPEC §7).
+"""The command line: typer + rich, thin over the run and audit layers (docs/spec.md, "Command line").
 
 Each command lives in the module of its layer (``ingest``, ``audit``); the list below
 is the one place that registers them, in the order ``--help`` shows them.
@@ -51,7 +51,7 @@ def run() -> None:
     """Console-script entry point.
 
     It leaves by ``os._exit`` once stdout and stderr are flushed: Python's own teardown
-    would free every object of the run one by one (60-90 ms after an ingest of 18 MB)
+    would free every object of the run one by one (a visible pause after a large ingest)
     just before the process ends anyway. Every file chunkyard writes is closed by then
     (plain descriptors, or ``with`` blocks), and the workers have been joined.
     """

@@ -1,4 +1,4 @@
-"""The audit commands (SPEC §8): validate, resolve, check-citations."""
+"""The audit commands (docs/spec.md, "Audit"): validate, resolve, check-citations."""
 
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def resolve_cmd(
     """Show the exact source span behind a chunk address, with line numbers and context."""
     from rich.text import Text
 
+    from pipeline.audit.chunk_state import open_store
     from pipeline.audit.resolve import UnknownIdError, resolve
-    from pipeline.audit.store import open_store
     from pipeline.cli.render import render_resolved
 
     try:
@@ -141,10 +141,11 @@ def check_citations_cmd(
 
     Required per citation: snippet_id (a chunk_id), section_id, source_url, offsets{start,end,unit:"char"},
     tokens, rev, analyzer; index_hash against the live index when there is one (`chunkyard index`).
-    A --corpus given must exist (SPEC §7: every command takes one).
+    A --corpus given must exist (docs/spec.md, "Command line": every command takes one).
     """
-    from pipeline.audit.citations import check_answer, load_answer
-    from pipeline.audit.store import open_store
+    from pipeline.audit.answer import load_answer
+    from pipeline.audit.chunk_state import open_store
+    from pipeline.audit.citations import check_answer
     from pipeline.cli.render import render_citations
     from pipeline.index.query import live_index_hash
 

@@ -92,7 +92,7 @@ def make_policy(target: int, overlap: int, tokenizer: str, prefix: bool, lang: s
     return Policy(target, overlap, tokenizer, prefix, lang)
 
 
-# --- audit tools (SPEC §8): validate, resolve, check-citations --------------------------------
+# --- audit tools (docs/spec.md, "Audit"): validate, resolve, check-citations --------------------------------
 
 AuditOutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder to audit.")]
 AuditCorpusOpt = Annotated[

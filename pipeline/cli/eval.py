@@ -1,4 +1,6 @@
-"""``chunkyard eval GOLD.jsonl``: a gold set asked of the index, scored (SPEC §9, 004's metrics pack).
+"""``chunkyard eval GOLD.jsonl``: a gold set asked of the index, scored as 004's metrics pack.
+
+The contract: docs/spec.md, "Index, search and evaluation".
 
 Thin over ``pipeline.evaluate.run.run_eval``: this module opens the index that
 ``chunkyard index`` built, hands its search function to ``run_eval``, and prints the pack
@@ -131,7 +133,7 @@ def eval_cmd(
     nDCG@10 (the headline), recall within 1,000 / 2,000 tokens of retrieved text and
     citation match, per mode. Exit 0, or 2 when the gold set or the index cannot be used.
     """
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.evaluate.run import prompt_search, run_eval
 
     modes = _modes(mode)

@@ -1,4 +1,7 @@
-"""`chunkyard index` and `chunkyard search` (SPEC §9): the change feed into a vector store, and queries."""
+"""`chunkyard index` and `chunkyard search`: the change feed into a vector store, and queries.
+
+The contract: docs/spec.md, "Index, search and evaluation".
+"""
 
 from __future__ import annotations
 
@@ -53,8 +56,8 @@ def index_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Apply the change feed to the vector index: embed only what changed, delete what went."""
-    from pipeline.index.store import IndexMismatchError
     from pipeline.index.sync import index
+    from pipeline.index.vector_store import IndexMismatchError
 
     show = not quiet and not json_out and err.is_terminal
     progress = bar_progress(show)
@@ -158,7 +161,7 @@ def search_cmd(
     """Search the index: ranked passages (a hit and its ranked neighbours) with their source,
     lines and citation payload."""
     from pipeline.index.query import search
-    from pipeline.index.store import IndexMismatchError
+    from pipeline.index.vector_store import IndexMismatchError
 
     try:
         budget = 0 if no_expand else expand
@@ -204,7 +207,7 @@ def search_cmd(
 
 def _write_search_page(record: dict[str, Any], query: str, out: Path, html: Path) -> None:
     """``search --html FILE``: the hits inside their sources (issue 20), read through the chunk store."""
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.view import render_search
     from pipeline.view.page import write_page
 

@@ -1,4 +1,7 @@
-"""`chunkyard ingest` and `chunkyard watch`: a corpus run (SPEC §5, §6), with its summary table."""
+"""`chunkyard ingest` and `chunkyard watch`: a corpus run, with its summary table.
+
+The contract: docs/spec.md, "Runs" and "Watch".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rich output of the audit tools: ``validate``, ``resolve`` and ``check-citations`` (SPEC §8)."""
+"""Rich output of the audit tools ``validate``, ``resolve`` and ``check-citations`` (docs/spec.md, "Audit")."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.audit.citations import CODES as CITATION_CODES
-from pipeline.audit.citations import CitationReport
+from pipeline.audit.answer import CODES as CITATION_CODES
+from pipeline.audit.answer import CitationReport
 from pipeline.audit.resolve import Resolved
 from pipeline.audit.validate import CODES as VALIDATE_CODES
 from pipeline.audit.validate import Problem, Report

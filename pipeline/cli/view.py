@@ -38,7 +38,7 @@ def view_cmd(
     the largest and smallest chunks, atomic blocks over the budget, failed documents) and
     each document's source with every chunk's span as a band; hover or click for the chunk.
     """
-    from pipeline.audit.store import open_store
+    from pipeline.audit.chunk_state import open_store
     from pipeline.view.collect import read_doc
     from pipeline.view.terminal import find_doc, print_document
 

@@ -1,4 +1,7 @@
-"""The ``watch`` command's terminal side: a rich line or a JSON line per event, and signals (SPEC §6)."""
+"""The ``watch`` command's terminal side: a rich line or a JSON line per event, and signals.
+
+The contract: docs/spec.md, "Watch".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Retrieval evaluation (SPEC §9, issue 17): gold sets, metrics, the metrics pack, exports.
+"""Retrieval evaluation: gold sets, metrics, the metrics pack, exports.
+
+The contract: docs/spec.md, "Index, search and evaluation".
+
 
 - ``gold``: load a gold file and resolve each answer to ``[start, end)`` in its source.
 - ``metrics``: the hit rule and recall@k, MRR@10, nDCG@10, recall in a token budget, citations.

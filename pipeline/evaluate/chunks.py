@@ -8,17 +8,14 @@ a peer: its own text). The index and search of issue 16 take these lists whateve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from ..chunkfolder import ChunkRecord, NotAnObjectError, iter_chunk_files, read_chunk_file
 from ..errors import UsageError
-
-#: The output folder's state directory (manifest, change feed): never chunk files.
-STATE_DIR = ".chunkyard"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +46,8 @@ class EvalChunk:
         }
 
 
-def iter_chunk_files(out: Path) -> Iterator[Path]:
-    """Every chunk file below an output folder, in a stable order (the state folder skipped)."""
-    for path in sorted(out.rglob("*.json")):
-        if STATE_DIR not in path.relative_to(out).parts:
-            yield path
-
-
-def chunk_from_record(rec: dict[str, Any], where: str, embed_original: bool = False) -> EvalChunk:
-    """An ``EvalChunk`` from a chunk file record (SPEC §2)."""
+def chunk_from_record(rec: ChunkRecord, where: str, embed_original: bool = False) -> EvalChunk:
+    """An ``EvalChunk`` from a chunk file record (docs/spec.md, "Chunk files")."""
     try:
         offsets = rec["charOffsets"]
         return EvalChunk(
@@ -81,9 +71,14 @@ def load_chunk_files(out: Path, embed_original: bool = False) -> list[EvalChunk]
     if not out.is_dir():
         raise UsageError(f"{out}: no such output folder (hint: run `chunkyard ingest` first)")
     chunks = []
-    for path in iter_chunk_files(out):
+    for rel in iter_chunk_files(out):
+        path = out / rel
         try:
-            rec = orjson.loads(path.read_bytes())
+            rec = read_chunk_file(path)
+        except NotAnObjectError:
+            raise UsageError(
+                f"{path}: not a chunk file (not a JSON object) (hint: point --out at a chunkyard output folder)"
+            ) from None
         except orjson.JSONDecodeError as exc:
             raise UsageError(f"{path}: not valid JSON ({exc}) (hint: re-run `chunkyard ingest`)") from None
         chunks.append(chunk_from_record(rec, str(path), embed_original))

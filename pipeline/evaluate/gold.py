@@ -1,4 +1,6 @@
-"""Gold sets: a question plus where its answer lives in the source, never a chunk id (SPEC §9).
+"""Gold sets: a question plus where its answer lives in the source, never a chunk id.
+
+The contract: docs/spec.md, "Index, search and evaluation".
 
 A gold file is JSON Lines; each line is an object with
 

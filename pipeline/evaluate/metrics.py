@@ -20,7 +20,8 @@ whose overlapping windows return the same passage twice gains nothing from it).
   whose ``rev``, when the item carries one, is the source's current ``rev``).
 
 The rank is the item's position in the list it comes in; a retriever breaks its own ties
-(SPEC §9: ``score_norm`` desc, ``section_id`` asc, ``snippet_id`` asc). Every mean is over
+(``score_norm`` desc, ``section_id`` asc, ``snippet_id`` asc: docs/spec.md, "Index, search and
+evaluation"). Every mean is over
 all questions of the gold set; a question absent from the run counts as nothing retrieved.
 """
 

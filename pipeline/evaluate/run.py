@@ -75,15 +75,13 @@ def prompt_search(
     span read from the source; with ``ranked_only``, only into neighbours the search ranked
     too, so adjacent hits merge); every item's tokens counted again from its text in cl100k,
     so the budgets mean the same whatever tokenizer the chunk policy used."""
+    from ..chunkfolder import iter_chunk_files, read_chunk_file
     from ..index.expand import chunk_spans, expand
-    from .chunks import iter_chunk_files
 
     sources = Sources(corpus)
     spans = None
     if expand_tokens:
-        import orjson
-
-        spans = chunk_spans(orjson.loads(p.read_bytes()) for p in iter_chunk_files(out))
+        spans = chunk_spans(read_chunk_file(out / rel) for rel in iter_chunk_files(out))
 
     def text_of(source: str, start: int, end: int) -> str:
         return sources.get(source).text[start:end]

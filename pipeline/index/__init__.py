@@ -1,9 +1,24 @@
-"""Index and search: keep a vector store in sync with the change feed (issue 16).
+"""Index and search: keep a vector store in sync with the change feed, and ask it.
 
-``embedders`` turns chunk texts into vectors (offline ONNX MiniLM by default); nothing
-here imports numpy, onnxruntime or a store until a function that needs it is called.
-The package's names load on first use (PEP 562), so importing one of its light modules
-(``pipeline.index.expand`` for the CLI's defaults) does not load the query and sync code.
+Where things go:
+
+- ``feedplan``: the one feed planner (``plan_feed``) every consumer of the change feed uses:
+  this package's sync, the framework syncs of ``pipeline.adapters``, a user's own.
+- ``sync``: ``chunkyard index``: plan → drop texts the cache holds and embed the rest
+  (``embed_step``, through an ``EmbedExecutor``) → commit rows, cursor and ``index_hash`` in
+  one transaction. ``rebuild``: a fresh index beside the old one, swapped in.
+- ``embedders``: the ``Embedder`` protocol and the table of embedders (``register_embedder``);
+  ``embed_onnx`` (the offline default), ``embed_st``, ``embed_openai`` implement it.
+- ``vector_store``: the ``VectorStore`` protocol and the table of store kinds
+  (``register_store``); ``sqlite_store`` and ``lance_store`` implement it. ``rows``: the row
+  and state types they share. ``identity``: what ``index_hash`` covers. ``registry``: the
+  table both tables are.
+- ``query``: ``chunkyard search`` (``Searcher``); ``fusion`` ranks and normalises scores,
+  ``passages`` and ``expand`` merge hits into passages, ``analyzer`` is the BM25 side's.
+
+Nothing here imports numpy, onnxruntime or a store until a function that needs it is
+called. The package's names load on first use (PEP 562), so importing one of its light
+modules (``pipeline.index.expand`` for the CLI's defaults) does not load the query and sync code.
 """
 
 from __future__ import annotations

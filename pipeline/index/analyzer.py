@@ -8,8 +8,8 @@ passed to FTS5: the query is cut into words at white space, punctuation and symb
 FTS5's ``unicode61`` cuts the text; ``_`` joins, so ``response_model`` stays one phrase),
 each word is quoted as a phrase (quotes are doubled), and the phrases are OR-ed so that a
 long query still finds the chunks sharing most of its words. Words, not white-space pieces
-(``state-of-the-art`` is four terms, not one phrase; ``Get-ChildItem`` two): measured on
-the three gold sets of ``bench/gold`` (issue 17), +0.5 to +1 nDCG@10 in hybrid search.
+(``state-of-the-art`` is four terms, not one phrase; ``Get-ChildItem`` two): better on the
+gold sets of ``bench/gold`` in hybrid search (docs/benchmarks.md).
 """
 
 from __future__ import annotations

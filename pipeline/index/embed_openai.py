@@ -211,3 +211,13 @@ def parse_openai_spec(spec: str) -> OpenAIEmbedder:
         )
     except ValueError as exc:
         raise UsageError(f"embedder {spec!r}: {exc}") from exc
+
+
+def make_openai(model: str, *, threads: int | None = None, device: str | None = None) -> OpenAIEmbedder:
+    """The ``openai`` entry of the embedder table: ``openai:MODEL[@BASE_URL][?k=v&...]``.
+
+    The model runs on its server: ``threads`` does not apply, and a ``device`` is refused.
+    """
+    if device is not None:
+        raise UsageError(f"openai:{model}: runs on its server, not on {device!r} (hint: drop the device)")
+    return parse_openai_spec(f"openai:{model}")

@@ -13,12 +13,11 @@ must already be in the HuggingFace cache when ``HF_HUB_OFFLINE=1``).
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import UsageError
-from pipeline.index.embedders import DEFAULT_BATCH, DEFAULT_THREADS, THREADS_ENV, EmbedderError
+from pipeline.index.embedders import DEFAULT_BATCH, EmbedderError, threads_from_env
 
 if TYPE_CHECKING:
     import numpy
@@ -41,11 +40,14 @@ def _model_source(name: str) -> str:
 
 
 class SentenceTransformerEmbedder:
-    """A sentence-transformers model on the CPU; vectors L2-normalised, in length-sorted batches."""
+    """A sentence-transformers model (on the CPU unless ``device`` says otherwise); vectors
+    L2-normalised, in length-sorted batches."""
 
     normalized = True
 
-    def __init__(self, model: str, threads: int | None = None, batch_size: int = DEFAULT_BATCH) -> None:
+    def __init__(
+        self, model: str, threads: int | None = None, batch_size: int = DEFAULT_BATCH, device: str = "cpu"
+    ) -> None:
         if not model:
             raise UsageError("st embedder: no model name (spec: st:all-MiniLM-L6-v2 or st:/path/to/model)")
         try:  # as Any: the types must check with and without the extra installed
@@ -55,11 +57,11 @@ class SentenceTransformerEmbedder:
             raise UsageError(
                 f"the st:{model} embedder needs sentence-transformers and torch: {ST_HINT}"
             ) from exc
-        torch.set_num_threads(threads or int(os.environ.get(THREADS_ENV) or DEFAULT_THREADS))
+        torch.set_num_threads(threads or threads_from_env())
         source = _model_source(model)
         _quiet_transformers()
         try:
-            self._model: Any = st.SentenceTransformer(source, device="cpu")
+            self._model: Any = st.SentenceTransformer(source, device=device)
         except (OSError, ValueError) as exc:
             raise EmbedderError(
                 f"st:{model}: cannot load the model from {source!r}: {exc} "
@@ -94,6 +96,13 @@ class SentenceTransformerEmbedder:
         )
         result: numpy.ndarray = np.asarray(vectors, dtype=np.float32)
         return result
+
+
+def make_st(
+    model: str, *, threads: int | None = None, device: str | None = None
+) -> SentenceTransformerEmbedder:
+    """The ``st`` entry of the embedder table: ``st:NAME`` (``device``: ``cpu`` by default, ``cuda``...)."""
+    return SentenceTransformerEmbedder(model, threads=threads, device=device or "cpu")
 
 
 def _quiet_transformers() -> None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-#: Default passage size in tokens: measured best on the gold sets with 256-token chunks
-#: (docs/benchmarks.md): three chunks' worth, a hit and the ranked neighbours around it.
+#: Default passage size in tokens: three 256-token chunks' worth, a hit and the ranked
+#: neighbours around it (chosen on the gold sets: docs/benchmarks.md).
 DEFAULT_BUDGET = 768
 #: How far a passage may grow: within the hit's section, or anywhere in its document.
 SCOPES = ("section", "document")
@@ -198,7 +198,7 @@ def expand(
 
 
 def chunk_spans(records: Iterable[Mapping[str, Any]]) -> dict[str, ChunkSpan]:
-    """``ChunkSpan`` per ``chunk_id`` from chunk file records (SPEC §2): ``prevId``/``nextId``
+    """``ChunkSpan`` per ``chunk_id`` from chunk file records (docs/spec.md, chunk files): ``prevId``/``nextId``
     name a chunk's ``id``, translated here to the neighbour's ``chunk_id``."""
     rows = list(records)
     by_id = {str(r["id"]): str(r["chunk_id"]) for r in rows}
@@ -233,7 +233,7 @@ class ChunkFiles:
     """A lazy ``Lookup`` over a chunk folder: reads only the chunk files a passage touches.
 
     A hit is found by the chunk file the search item names (``chunk_file``, relative to the
-    folder: ``remember``); a neighbour by SPEC §2's naming, ``doc_<stem>__ch<N>.json``
+    folder: ``remember``); a neighbour by the chunk files' naming (docs/spec.md), ``doc_<stem>__ch<N>.json``
     beside it, with ``N`` from the ``prevId``/``nextId`` it is linked by. So expanding ten
     hits reads a few dozen small files, not the folder.
     """
@@ -241,8 +241,8 @@ class ChunkFiles:
     def __init__(self, out: Path, ids: Mapping[str, str] | None = None) -> None:
         """``ids`` (a record ``id`` → its ``chunk_id``, for the chunks a search ranked): when
         given, a neighbour is resolved from it without reading its file, and a neighbour not
-        in it is none (only ranked neighbours can join a passage then: 42k-chunk searches
-        read ~380 chunk files a query without it, ~140 with it)."""
+        in it is none (only ranked neighbours can join a passage then, and a query reads far
+        fewer chunk files)."""
         self.out = out
         self.ids = ids
         self.paths: dict[str, Path] = {}

@@ -16,7 +16,8 @@ from typing import Any
 import blake3
 import orjson
 
-from pipeline.index.store import IndexMismatchError, RowState
+from pipeline.index.rows import RowState
+from pipeline.index.vector_store import IndexMismatchError
 
 FORMAT = "1"  #: the store layout's version, in meta ``format``
 

@@ -22,7 +22,8 @@ import orjson
 
 from pipeline.errors import UsageError
 from pipeline.index.analyzer import LANCE_ANALYZER, analyze
-from pipeline.index.store import TIE_MARGIN, ChunkRow, RowState, StoreError, Vector, best_first
+from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 META = "meta.json"
 OPTIMIZE_EVERY = 10  #: commits between compactions

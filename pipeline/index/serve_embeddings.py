@@ -23,7 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pipeline.index.embedders import OnnxEmbedder
+from pipeline.index.embed_onnx import OnnxEmbedder
 
 MODEL_ID = "all-MiniLM-L6-v2"
 #: Model names a request may use for the one model served.

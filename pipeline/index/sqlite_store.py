@@ -25,7 +25,8 @@ import numpy as np
 
 from pipeline.errors import UsageError
 from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, analyze, fts5_query
-from pipeline.index.store import TIE_MARGIN, ChunkRow, RowState, StoreError, Vector, best_first
+from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 #: Cache entries no live chunk uses are kept this many runs (an edit undone, a file moved
 #: out and back in, cost no embedding), then pruned.
@@ -190,10 +191,10 @@ class SqliteStore:
 
     def _matrix(self) -> tuple[list[str], Any] | None:
         """Every stored vector as one in-memory matrix, for a ``Searcher`` asking many queries:
-        a matrix product over 42k x 384 floats takes ~8 ms where vec0's scan takes 60-100.
+        one matrix product is much faster than vec0's scan (docs/benchmarks.md).
 
         Read from vec0's own tables (sqlite-vec 0.1's layout: vectors in blocks, a row per id
-        with its block and offset) in ~0.1 s, again whenever a run has committed since (meta
+        with its block and offset) once, again whenever a run has committed since (meta
         ``generation``). ``None`` (vec0's KNN answers) when the layout is not the expected one.
         """
         import apsw
@@ -233,7 +234,7 @@ class SqliteStore:
             return []
         match = fts5_query(list(terms))
         # FTS5 alone first, scoring and sorting inside the full-text table; then the chunk ids
-        # of the k best only (a join sorted by (score, chunk_id) reads every matching row: 3x slower)
+        # of the k best only (a join sorted by (score, chunk_id) reads every matching row)
         top = list(
             self._conn.execute(
                 "SELECT rowid, bm25(fts) AS s FROM fts WHERE fts MATCH ? ORDER BY s LIMIT ?", (match, k + 1)

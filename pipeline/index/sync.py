@@ -2,17 +2,16 @@
 
 One run:
 
-1. **Plan.** Read the feed after the store's cursor (``pipeline.run.changes``) and fold it
-   into the chunk files it touched; read each one (the file is the truth, the feed only
-   says where to look). A stored id whose file was touched and no longer holds it — or a
-   delete line names — is deleted; each live record is upserted unless the stored row
-   equals it. With ``reconcile``, on a new index, or when the feed no longer reaches the
-   cursor (``CursorLostError``), every chunk file is read and what the store holds beyond
-   them is deleted.
-2. **Embed** only the texts no vector is known for: the cache is keyed by (embedder name,
-   digest of ``embedText``), so a moved chunk, a redirect, a renamed document or an mtime
-   reset costs nothing. Computed vectors are committed to the cache batch by batch: a
-   killed run keeps them, the searchable index is not touched yet.
+1. **Plan** with the feed planner every consumer shares (``pipeline.index.feedplan``): the
+   chunks to upsert, the ids to delete, the redirects, from the feed after the store's cursor
+   and what the store holds. Each live chunk is written unless the stored row equals it. With
+   ``reconcile``, on a new index, or when the feed no longer reaches the cursor, the plan is
+   full: every chunk file, and what the store holds beyond them is deleted.
+2. **Embed** only the texts no vector is known for (``pipeline.index.embed_step``, through an
+   ``EmbedExecutor``): the cache is keyed by (embedder name, digest of ``embedText``), so a
+   moved chunk, a redirect, a renamed document or an mtime reset costs nothing. Computed
+   vectors are committed to the cache batch by batch: a killed run keeps them, the
+   searchable index is not touched yet.
 3. **Commit** the upserts, deletes, the new cursor and ``index_hash`` in one transaction.
    Until then readers see the previous index whole; a failure anywhere leaves it as it was.
 
@@ -22,16 +21,16 @@ One writer per store (a lock file beside it); a second run waits, or fails at on
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import UsageError
+from pipeline.index.embed_step import EmbedExecutor, Progress, embed_uncached
+from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.index.identity import (
     FORMAT,
     check_compatible,
@@ -40,36 +39,9 @@ from pipeline.index.identity import (
     rebuild_hint,
     summarize,
 )
-from pipeline.index.store import (
-    ChunkRow,
-    RowState,
-    Vector,
-    VectorStore,
-    analyzer_of,
-    open_at,
-    store_lock,
-    store_spec,
-)
-from pipeline.run.changes import CursorLostError, read_changes
-from pipeline.run.state import STATE_DIR
-
-#: Texts per call to the embedder; the cache is committed after each call (a killed run
-#: loses at most one batch of embedding work). ``CHUNKYARD_INDEX_BATCH`` overrides it.
-EMBED_BATCH = 128
-BATCH_ENV = "CHUNKYARD_INDEX_BATCH"
-
-
-def _batch_size() -> int:
-    raw = os.environ.get(BATCH_ENV, "")
-    if raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    if raw:
-        raise UsageError(f"{BATCH_ENV}={raw!r}: expected a whole number of texts >= 1")
-    return EMBED_BATCH
-
-
-#: ``on_progress(stage, done, total)``: stage ``plan``, ``embed`` or ``commit``.
-Progress = Callable[[str, int, int], None]
+from pipeline.index.rebuild import rebuild_beside
+from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
 
 
 @dataclass(slots=True)
@@ -123,6 +95,7 @@ def index(
     wait: bool = True,
     on_progress: Progress | None = None,
     on_wait: Callable[[str], None] | None = None,
+    executor: EmbedExecutor | None = None,
 ) -> IndexReport:
     """Bring the index of the chunk folder ``out`` up to date with its change feed.
 
@@ -134,6 +107,7 @@ def index(
         reconcile: compare the index with every chunk file and repair what differs.
         rebuild: build a new index beside the old one (another embedder, say) and swap it in.
         wait: wait for another run holding the store's lock (else fail at once).
+        executor: where texts are embedded (default: in this process, batch after batch).
 
     Raises:
         IndexMismatchError: the embedder or analyzer differs from the index's.
@@ -146,8 +120,10 @@ def index(
     kind, path = store_spec(out, store)
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
-            return _rebuild(out, store, kind, path, embedder, on_progress)
-        return _run(out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress)
+            return _rebuild(out, store, kind, path, embedder, on_progress, executor)
+        return _run(
+            out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, executor=executor
+        )
 
 
 def _run(
@@ -159,11 +135,46 @@ def _run(
     *,
     reconcile: bool,
     on_progress: Progress | None,
+    executor: EmbedExecutor | None = None,
 ) -> IndexReport:
+    """One run on the store at ``path``: plan, embed what is new, commit (module docstring)."""
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
     embedder, spec = _embedder(embedder, stored)
     wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
+    _check_follows(out, store_arg, path, stored, wanted, spec)
+    db = open_at(kind, path, dim=embedder.dim)
+    try:
+        report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
+        report.reconcile = reconcile
+        plan = _plan(out, db, stored, report)
+        if on_progress:
+            on_progress("plan", len(plan.upserts), len(plan.upserts))
+        upserts = _rows_to_write(db, embedder, plan, report, executor, on_progress)
+        meta = _next_meta(
+            db, stored, {**wanted, "out": str(out.resolve()), "embed_spec": spec}, plan, upserts, report
+        )
+        if not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None) and stored:
+            return _done(report, started)  # nothing moved: the index stays as it is, generation too
+        if on_progress:
+            on_progress("commit", 0, 1)
+        db.commit(upserts, plan.deletes, meta, model=embedder.name)
+        if on_progress:
+            on_progress("commit", 1, 1)
+    finally:
+        db.close()
+    return _done(report, started)
+
+
+def _check_follows(
+    out: Path,
+    store_arg: str | Path | None,
+    path: Path,
+    stored: dict[str, str],
+    wanted: dict[str, str],
+    spec: str,
+) -> None:
+    """Refuse a store built with another embedder or analyzer, or following another chunk folder."""
     hint = rebuild_hint(str(out), str(store_arg) if store_arg else None, spec)
     check_compatible(stored, wanted, where=str(path), hint=hint)
     where = str(out.resolve())
@@ -173,54 +184,57 @@ def _run(
             f"{path}: this index follows {stored['out']}, not {where} "
             "(hint: give each chunk folder its own --store)"
         )
-    db = open_at(kind, path, dim=embedder.dim)
-    try:
-        report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
-        report.reconcile = reconcile
-        new_index = not stored.get("chunks") or stored.get("chunks") == "0"
-        plan = _plan(out, db, stored.get("cursor") or None, report, reconcile or new_index)
-        if on_progress:
-            on_progress("plan", len(plan.live), len(plan.live))
-        upserts = _embed(db, embedder, plan.live, plan.states, report, on_progress)
-        written = {row.chunk_id: _state_of(row) for row, _ in upserts}
-        report.redirected = sum(
-            1
-            for old, new in plan.redirects
-            if old in plan.doomed and (new in written or (new in plan.states and new not in plan.doomed))
-        )
-        report.deleted = len(plan.doomed)
-        summary = summarize(
-            stored,
-            plan.states if plan.full else None,
-            db.states,
-            plan.doomed,
-            plan.states,
-            written,
-            embedder.max_tokens - 2,  # [CLS], [SEP]
-        )
-        report.chunks, report.truncated = summary.chunks, summary.truncated
-        meta = {
-            **wanted,
-            "format": FORMAT,
-            "out": where,
-            "embed_spec": spec,
-            "generation": str(int(stored.get("generation", "0")) + 1),
-            "cursor": report.cursor or "",
-            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **summary.meta(),
-        }
-        meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
-        report.index_hash = meta["index_hash"]
-        if not upserts and not plan.doomed and report.cursor == (stored.get("cursor") or None) and stored:
-            return _done(report, started)  # nothing moved: the index stays as it is, generation too
-        if on_progress:
-            on_progress("commit", 0, 1)
-        db.commit(upserts, plan.doomed, meta, model=embedder.name)
-        if on_progress:
-            on_progress("commit", 1, 1)
-    finally:
-        db.close()
-    return _done(report, started)
+
+
+def _plan(out: Path, db: VectorStore, stored: dict[str, str], report: IndexReport) -> FeedPlan[RowState]:
+    """The feed planner's plan for this store: full on a reconcile or a new index."""
+    new_index = not stored.get("chunks") or stored.get("chunks") == "0"
+    plan = plan_feed(out, stored.get("cursor") or None, db, full=report.reconcile or new_index)
+    report.changes, report.cursor, report.full = plan.changes, plan.cursor, plan.full
+    report.reason = plan.reason or ("reconcile" if report.reconcile else "new index" if new_index else "")
+    if report.reconcile:
+        report.fixed["extra"] = sorted(plan.deletes)
+    report.deleted = len(plan.deletes)
+    return plan
+
+
+def _next_meta(
+    db: VectorStore,
+    stored: dict[str, str],
+    config: dict[str, str],
+    plan: FeedPlan[RowState],
+    upserts: list[tuple[ChunkRow, Vector | None]],
+    report: IndexReport,
+) -> dict[str, str]:
+    """The meta the commit writes: ``config`` (embedder, analyzer, chunk folder, spec), the
+    cursor, the generation, the summary of the indexed chunks and ``index_hash``."""
+    written = {row.chunk_id: _state_of(row) for row, _ in upserts}
+    report.redirected = sum(
+        1
+        for old, new in plan.redirects
+        if old in plan.deletes and (new in written or (new in plan.held and new not in plan.deletes))
+    )
+    summary = summarize(
+        stored,
+        plan.held if plan.full else None,
+        db.states,
+        plan.deletes,
+        plan.held,
+        written,
+        report.max_tokens - 2,  # [CLS], [SEP]
+    )
+    report.chunks, report.truncated = summary.chunks, summary.truncated
+    meta = {
+        **config,
+        "format": FORMAT,
+        "generation": str(int(stored.get("generation", "0")) + 1),
+        "cursor": report.cursor or "",
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **summary.meta(),
+    }
+    meta["index_hash"] = index_hash(db.kind, meta, summary.policies, summary.content)
+    report.index_hash = meta["index_hash"]
+    return meta
 
 
 def _done(report: IndexReport, started: float) -> IndexReport:
@@ -260,87 +274,25 @@ def _embedder(embedder: Any, stored: dict[str, str]) -> tuple[Any, str]:
     return make_embedder(spec), spec
 
 
-@dataclass(slots=True)
-class _Plan:
-    """What one run will do: the live rows of the touched chunk files, the ids to delete,
-    the feed's redirects, and the stored state of every id it concerns (all ids on a full run)."""
-
-    live: dict[str, ChunkRow]
-    doomed: set[str]
-    redirects: list[tuple[str, str]]
-    states: dict[str, RowState]
-    full: bool
-
-
-def _plan(out: Path, db: VectorStore, cursor: str | None, report: IndexReport, full: bool) -> _Plan:
-    """Read the feed after ``cursor``, then the chunk files it touched, then the stored rows they concern.
-
-    A full run (reconcile, a new index, a lost cursor) reads every chunk file and every stored
-    row; an incremental one only the rows of the touched files and of the ids the feed names,
-    so its cost follows the change, not the size of the index.
-    """
-    touched: set[str] = set()
-    named: set[str] = set()  #: ids a delete line names
-    redirects: list[tuple[str, str]] = []
-    report.reason = "reconcile" if report.reconcile else ("new index" if full else "")
-    report.cursor = cursor
-    try:
-        for change in read_changes(out, None if full and not cursor else cursor):
-            report.changes += 1
-            report.cursor = change.cursor
-            if change.kind in ("write", "delete") and change.file:
-                touched.add(change.file)
-            if change.kind == "delete" and change.chunk_id:
-                named.add(change.chunk_id)
-            if change.kind == "write" and change.prev_chunk_id:
-                named.add(change.prev_chunk_id)
-            if change.kind == "redirect" and change.old and change.chunk_id:
-                redirects.append((change.old, change.chunk_id))
-    except CursorLostError:
-        full, report.reason = True, "the feed no longer reaches the cursor"
-        report.changes, report.cursor = 0, None
-        for change in read_changes(out, None):
-            report.changes += 1
-            report.cursor = change.cursor
-    if full:
-        touched = set(_chunk_files(out))
-    report.full = full
-    live: dict[str, ChunkRow] = {}
-    for file in sorted(touched):
-        record = _read(out / file)
-        if record is not None and isinstance(record.get("chunk_id"), str):
-            live[record["chunk_id"]] = ChunkRow.from_record(record, file)
-    if full:
-        states = db.states()
-        doomed = set(states) - set(live)
-    else:
-        ids = named | set(live) | {cid for pair in redirects for cid in pair}
-        states = db.states_for(touched, ids)
-        doomed = {cid for cid, s in states.items() if s.file in touched and cid not in live}
-        doomed |= {cid for cid in named if cid in states and cid not in live}
-    if report.reconcile:
-        report.fixed["extra"] = sorted(doomed)
-    return _Plan(live, doomed, redirects, states, full)
-
-
 def _state_of(row: ChunkRow) -> RowState:
     return RowState(row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash)
 
 
-def _embed(
+def _rows_to_write(
     db: VectorStore,
     embedder: Any,
-    live: dict[str, ChunkRow],
-    states: dict[str, RowState],
+    plan: FeedPlan[RowState],
     report: IndexReport,
+    executor: EmbedExecutor | None,
     on_progress: Progress | None,
 ) -> list[tuple[ChunkRow, Vector | None]]:
-    """Rows to write with their vectors: cached, computed (and cached at once), or kept."""
-    model = embedder.name
+    """Rows to write with their vectors: cached, computed (and cached at once), or kept
+    (``None``: the text did not change, the stored vector stays)."""
     todo: list[ChunkRow] = []  #: rows whose stored vector does not fit
     upserts: list[tuple[ChunkRow, Vector | None]] = []
-    for cid, row in live.items():
-        known = states.get(cid)
+    for cid, chunk in plan.upserts.items():
+        row = ChunkRow.from_record(chunk.record, chunk.file)
+        known = plan.held.get(cid)
         if known is not None and known.digest == row.digest:
             row = row.with_tokens(known.model_tokens)
             if known.row_digest == row.row_digest:
@@ -357,51 +309,16 @@ def _embed(
             report.updated += 1
             report.fixed.setdefault("stale", []).append(cid)
         todo.append(row)
-    vectors = db.cached(model, {r.digest for r in todo})
-    report.cache_hits = sum(1 for r in todo if r.digest in vectors)
-    missing: dict[str, str] = {}
+    done = embed_uncached(
+        db, embedder, [(r.digest, r.embed_text) for r in todo], executor=executor, on_progress=on_progress
+    )
+    report.cache_hits, report.embedded = done.cache_hits, done.embedded
     for r in todo:
-        if r.digest not in vectors:
-            missing.setdefault(r.digest, r.embed_text)
-    ordered = sorted(missing.items(), key=lambda item: len(item[1]))
-    if on_progress:
-        on_progress("embed", 0, len(ordered))
-    size = _batch_size()
-    for i in range(0, len(ordered), size):
-        batch = ordered[i : i + size]
-        computed = embedder.embed([text for _, text in batch])
-        entries = {
-            digest: (computed[j], int(embedder.count_tokens(text))) for j, (digest, text) in enumerate(batch)
-        }
-        db.put_cache(model, entries)
-        vectors.update(entries)
-        report.embedded += len(batch)
-        if on_progress:
-            on_progress("embed", report.embedded, len(ordered))
-    for r in todo:
-        vector, tokens = vectors[r.digest]
+        vector, tokens = done.vectors[r.digest]
         upserts.append((r.with_tokens(tokens), vector))
     if not report.reconcile:
         report.fixed.clear()
     return upserts
-
-
-def _chunk_files(out: Path) -> Iterator[str]:
-    """Every chunk file under ``out`` (``*.json`` outside ``.chunkyard/``), relative, POSIX."""
-    for root, dirs, files in os.walk(out):
-        dirs[:] = sorted(d for d in dirs if d != STATE_DIR)
-        rel = Path(root).relative_to(out)
-        for name in sorted(files):
-            if name.endswith(".json"):
-                yield (rel / name).as_posix()
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        record = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def _rebuild(
@@ -411,42 +328,18 @@ def _rebuild(
     path: Path,
     embedder: Any,
     on_progress: Progress | None,
+    executor: EmbedExecutor | None,
 ) -> IndexReport:
-    """Build a fresh index beside the old one, then swap it in: the old stays searchable until then."""
-    import shutil
-
-    fresh = path.with_name(path.name + ".rebuild")
-    _remove(fresh)
+    """A fresh index built beside the old one, then swapped in: the old stays searchable until then."""
     if embedder is None:  # the same embedder as before: a rebuild from scratch
         embedder = _stored_meta(kind, path).get("embed_spec") or None
-    report = _run(out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress)
-    if fresh.is_dir():  # LanceDB: a folder cannot be swapped in one step; the old one goes last
-        old = path.with_name(path.name + ".old")
-        _remove(old)
-        if path.exists():
-            os.replace(path, old)
-        os.replace(fresh, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        if path.exists():  # the old file's WAL emptied into it first: its WAL never meets the new file
-            db = open_at(kind, path)
-            try:
-                getattr(db, "checkpoint", lambda: None)()
-            finally:
-                db.close()
-        os.replace(fresh, path)  # one atomic step: readers see the old index or the new one
-        for suffix in ("-wal", "-shm"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
+    report = rebuild_beside(
+        kind,
+        path,
+        lambda fresh: _run(
+            out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, executor=executor
+        ),
+    )
     report.store = str(path)
     report.reason = "rebuild"
     return report
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    if path.is_dir():
-        shutil.rmtree(path)
-    for p in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
-        if p.is_file():
-            p.unlink()

@@ -9,8 +9,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
+from pipeline.chunkfolder import STATE_DIR
+
 SUFFIXES = (".md", ".markdown")
-SKIP_DIRS = frozenset({".git", ".chunkyard"})
+SKIP_DIRS = frozenset({".git", STATE_DIR})
 
 
 class Found(NamedTuple):

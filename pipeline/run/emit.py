@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # jsonschema takes ~0.15 s to import: only a run that writes 
     import jsonschema
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "chunk.schema.json"
-_PACKAGED_SCHEMA = Path(__file__).resolve().parent / "chunk.schema.json"
+_PACKAGED_SCHEMA = Path(__file__).resolve().parents[1] / "chunk.schema.json"  #: where the wheel puts it
 
 
 def load_schema() -> dict[str, Any]:

@@ -20,11 +20,11 @@ from typing import IO, Any
 import orjson
 import xxhash
 
+from pipeline.chunkfolder import STATE_DIR as STATE_DIR  # noqa: PLC0414 - re-exported for run/; the name lives in chunkfolder
 from pipeline.errors import UsageError
 from pipeline.run.emit import write_atomic
 from pipeline.stages.mint import SCHEMA_VERSION
 
-STATE_DIR = ".chunkyard"
 #: The state database (``db.py``).
 STATE_FILE = "state.sqlite"
 LOCK = "lock"

@@ -22,6 +22,7 @@ from pipeline.run.job import DocResult, Job
 from pipeline.run.redirects import Chunklet, match
 from pipeline.run.state import read_journal, write_journal
 from pipeline.runner import Timer, chunk_document, counter
+from pipeline.stages.mdpatch import install_patches
 from pipeline.stages.normalize import read_stamped
 
 __all__ = ["DocResult", "Job", "prepare", "process_document"]  # Job and DocResult live in job.py
@@ -42,6 +43,7 @@ def prepare(policy: Policy) -> None:
 
     import pipeline.run.pool  # noqa: F401
 
+    install_patches()  # mistletoe's block readers, patched once before any fork
     fast_validator()  # jsonschema-rs and the compiled chunk schema
     counter(policy.tokenizer)  # the vocabulary (~0.2 s)
 

@@ -1,4 +1,7 @@
-"""Stage mint: drafts → chunk records with ids, links, hashes and revisions (SPEC §2, §3)."""
+"""Stage mint: drafts → chunk records with ids, links, hashes and revisions.
+
+The contract: docs/spec.md, "Chunk files" and "Ids".
+"""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ _NEW_BLOCK = re.compile(
     r"[ \t]*(?:>[ \t]?)*[ \t]*(?:#{1,6}(?:[ \t]|$)|[-*+][ \t]|\d{1,9}[.)][ \t]|```|~~~|\|)"
 )
 _QUOTE_LEAD = re.compile(r"[ \t]*(?:>[ \t]?)+")  # a quote's marks on a continuation line
-#: The longest anchor (SPEC §2).
+#: The longest anchor (docs/spec.md, "Chunk files").
 ANCHOR_CHARS = 200
 #: A sentence's last character: ``.!?`` before a blank, or a CJK full stop, ! or ?.
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|[。！？]")
@@ -185,7 +188,7 @@ def mint(
     total = len(drafts)
     if lines is None:
         from pipeline.stages.parse import (
-            Lines,  # mistletoe loads in ~0.4 s: not on a run with nothing to chunk
+            Lines,  # loading mistletoe is slow: not on a run with nothing to chunk
         )
 
         lines = Lines(doc.text)
@@ -247,7 +250,7 @@ def mint(
             },
             "tokenStats": {
                 "tokens": d.tokens,
-                # errs high (SPEC §2): the heuristic, never below the exact count
+                # errs high (docs/spec.md, "Chunk files"): the heuristic, never below the exact count
                 "estimatedTokens": max(estimate_tokens(d.embed_text), d.tokens),
                 "tokenizer": policy.tokenizer,
             },

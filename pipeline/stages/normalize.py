@@ -1,4 +1,4 @@
-"""Stages read and normalize: bytes → canonical text + front matter (SPEC §1)."""
+"""Stages read and normalize: bytes → canonical text + front matter (docs/spec.md, "Stages")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage parse: canonical text → blocks with exact char and line spans (SPEC §1).
+"""Stage parse: canonical text → blocks with exact char and line spans (docs/spec.md, "Stages").
 
 mistletoe gives each block token its start line only; the end of a block is
 where the next sibling starts, less trailing blank lines (a paragraph or a
@@ -16,44 +16,23 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
-from pipeline.stages.punctuation import import_mistletoe
+from pipeline.stages.mdpatch.punctuation import import_mistletoe
 
-import_mistletoe()  # first: mistletoe's own import spends 0.3 s on a table we ship (punctuation.py)
+import_mistletoe()  # first: mistletoe's own import scans every code point (mdpatch/punctuation.py)
 
 from mistletoe import block_token, span_token, span_tokenizer
 from mistletoe.block_token import Document
 
 from pipeline.errors import StageError
 from pipeline.models import Block, BlockKind, SourceDoc
-from pipeline.stages import mdlimits
-from pipeline.stages.mdblocks import STAND_IN, STAND_IN_TRIMMED, stand_in
-
-
-class HtmlBlock(block_token.HtmlBlock):
-    """mistletoe's HTML block, asked first for every line: it now turns most away at once.
-
-    Each of its seven start rules needs a ``<`` first (after the indent), so a line
-    without one is no HTML block; the others get mistletoe's own checks.
-    """
-
-    @classmethod
-    def start(cls, line: str) -> Any:
-        if line.lstrip()[:1] != "<":
-            return False
-        return super().start(line)  # type: ignore[no-untyped-call]
-
-
-block_token.add_token(HtmlBlock)  # type: ignore[no-untyped-call] # HTML blocks are atomic (SPEC §4 rule 2)
-mdlimits.NO_LETTER_START.add(HtmlBlock)  # it needs a ``<`` first, as mistletoe's
+from pipeline.stages.mdpatch import MAX_DEPTH, install_patches
+from pipeline.stages.mdpatch.blocks import STAND_IN, STAND_IN_TRIMMED, stand_in
 
 #: A heading longer than this keeps its markup in its title: mistletoe's inline parser is
-#: quadratic on some input (``[x](`` repeated: 12 000 chars take 5 s).
+#: quadratic on some input (``[x](`` repeated).
 _INLINE_TITLE_CHARS = 1000
 #: A character that can start inline markup in a heading (else its text is taken as it is).
 _INLINE_MARK = re.compile(r"[*_`\[<\\!~&]")
-#: Beyond this depth a container is kept as one leaf instead of being descended into.
-MAX_DEPTH = 48
-mdlimits.install(MAX_DEPTH + 2)  # below that, mistletoe does not even parse (hostile nesting)
 
 _SETEXT_UNDERLINE = re.compile(r" {0,3}(=+|-+)[ \t]*$")
 _IMAGE_ONLY = re.compile(
@@ -149,6 +128,7 @@ def parse(doc: SourceDoc, lines: Lines | None = None) -> tuple[Block, ...]:
 
 def _mistletoe(body: str) -> Document:
     """Block-level parse only: inline tokens are not needed to find blocks."""
+    install_patches()  # once per process; a no-op after the first call
     parts = body.split("\n")
     if _ODD_BLANK.search(body):  # rare: only then look at each line
         parts = [_visible_blanks(p) for p in parts]

@@ -1,4 +1,4 @@
-"""Stage sections: top-level blocks → the section tree (SPEC §1, §3 ``s=``)."""
+"""Stage sections: top-level blocks → the section tree (docs/spec.md, "Stages"; ``s=`` in "Ids")."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def build_sections(blocks: Sequence[Block]) -> tuple[Section, ...]:
 
 
 def file_title(doc: SourceDoc, blocks: Sequence[Block]) -> str:
-    """Front matter ``title``, else the first H1, else the file stem (SPEC §2)."""
+    """Front matter ``title``, else the first H1, else the file stem (docs/spec.md, "Chunk files")."""
     front = doc.front_matter or {}
     title = front.get("title")
     if isinstance(title, str | int | float) and str(title).strip():

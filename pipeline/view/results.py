@@ -1,4 +1,6 @@
-"""Pages for search results and evaluations, from their documented JSON shapes (SPEC §9, 001, 004).
+"""Pages for search results and evaluations, from their documented JSON shapes (001, 004).
+
+The contract: docs/spec.md, "Index, search and evaluation".
 
 ``render_search`` takes 004's retrieval result record whose ``items`` carry 001's citation
 payload (``doc_id``, ``section_id``, ``snippet_id``, ``source_url``, ``offsets {start, end,
@@ -25,7 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.audit.store import ChunkStore
+from pipeline.audit.chunk_state import ChunkStore
 from pipeline.view.page import page_bytes
 
 CONTEXT_CHARS = 400  #: source text shown either side of a hit

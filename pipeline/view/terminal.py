@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from pipeline.audit.store import ChunkStore
+from pipeline.audit.chunk_state import ChunkStore
 from pipeline.errors import UsageError
 from pipeline.view.collect import DocView
 

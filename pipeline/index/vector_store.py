@@ -1,11 +1,16 @@
-"""What the index keeps per chunk, and the small interface every vector store implements.
+"""The vector store interface, the table of store kinds, and how ``--store`` picks one.
 
-A store holds, per ``chunk_id``: the vector of the chunk's ``embedText``, the text for
-BM25, and the citation payload (``ChunkRow``). It also keeps an embedding cache keyed by
-(embedder name, digest of the embedded text) and a few ``meta`` strings: the feed cursor,
-the index identity and ``index_hash``. ``commit`` applies one run's upserts, deletes and
-meta together: in the SQLite store that is one transaction, so a reader sees the old
-index or the new one, never half of each.
+A store holds, per ``chunk_id``, the vector of the chunk's ``embedText``, the text for
+BM25 and the citation payload (``pipeline.index.rows.ChunkRow``). It also keeps an
+embedding cache keyed by (embedder name, digest of the embedded text) and a few ``meta``
+strings: the feed cursor, the index identity and ``index_hash``. ``commit`` applies one
+run's upserts, deletes and meta together: in the SQLite store that is one transaction, so a
+reader sees the old index or the new one, never half of each.
+
+Store kinds are registered in ``STORES`` (``register_store``): the built-in ones by
+``"module:Class"`` path, so this module never imports them (they import it) and LanceDB
+loads only when a LanceDB store is opened. A new engine (another ANN index, a BM25 engine)
+implements ``VectorStore`` and registers a ``StoreKind``.
 """
 
 from __future__ import annotations
@@ -13,129 +18,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-import blake3
-import orjson
-
+from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import PipelineError, UsageError
+from pipeline.index.analyzer import ANALYZER, LANCE_ANALYZER
+from pipeline.index.registry import Registry, resolve
+from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.run.state import flock_held
 
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
-
-    Vector = npt.NDArray[np.float32]
-else:
-    Vector = Any
-
-#: Store kinds ``--store`` may name with a ``KIND:`` prefix; the first is the default.
-STORE_KINDS = ("sqlite", "lancedb")
 DEFAULT_STORE = "index.sqlite"  #: under ``CHUNKS/.chunkyard/``
-
-
-def digest_text(text: str) -> str:
-    """``blake3:<32 hex>`` of a text: the embedding cache's key (equal digest, equal vector)."""
-    return "blake3:" + blake3.blake3(text.encode("utf-8")).hexdigest()[:32]
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRow:
-    """One chunk as the index keeps it: the citation payload, the texts, where it came from.
-
-    Attributes:
-        chunk_id: the key (001's ``snippet_id``).
-        file: the chunk file, relative to the chunk folder.
-        hash: the chunk's ``hash`` (``blake3:`` of ``originalText``).
-        digest: ``digest_text(embedText)``: what the vector was computed from.
-        model_tokens: ``embedText``'s length in the embedder's own units (−1: not counted).
-        text: ``originalText``; ``embed_text``: what is embedded and indexed for BM25.
-    """
-
-    chunk_id: str
-    file: str
-    id: str
-    hash: str
-    digest: str
-    doc_id: str
-    section_id: str
-    source_url: str
-    source_file: str
-    start: int
-    end: int
-    line_start: int
-    line_end: int
-    tokens: int
-    rev: str
-    analyzer: str
-    policy_hash: str
-    title: str
-    breadcrumb: str
-    text: str
-    embed_text: str
-    model_tokens: int = -1
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any], file: str, model_tokens: int = -1) -> ChunkRow:
-        """The row for a chunk file's record (schema ``chunk.schema.json``)."""
-        meta, offsets, lines = record["metadata"], record["charOffsets"], record["lineSpan"]
-        chunk_id = str(record["chunk_id"])
-        return cls(
-            chunk_id=chunk_id,
-            file=file,
-            id=str(record["id"]),
-            hash=str(record["hash"]),
-            digest=digest_text(record["embedText"]),
-            doc_id=str(record.get("doc_id") or chunk_id.split("|r=", 1)[0]),
-            section_id=str(record["section_id"]),
-            source_url=str(record["source_url"]),
-            source_file=str(meta["sourceFile"]),
-            start=int(offsets["charStart"]),
-            end=int(offsets["charEnd"]),
-            line_start=int(lines["lineStart"]),
-            line_end=int(lines["lineEnd"]),
-            tokens=int(record["tokenStats"]["tokens"]),
-            rev=str(record["rev"]),
-            analyzer=str(meta["analyzer"]),
-            policy_hash=str(meta.get("policyHash", "")),
-            title=str(record["fileTitle"]),
-            breadcrumb=str(record["headerBreadcrumb"]),
-            text=str(record["originalText"]),
-            embed_text=str(record["embedText"]),
-            model_tokens=model_tokens,
-        )
-
-    def with_tokens(self, model_tokens: int) -> ChunkRow:
-        """The same row with its length in the embedder's units."""
-        data = asdict(self)
-        data["model_tokens"] = model_tokens
-        return ChunkRow(**data)
-
-    @property
-    def row_digest(self) -> str:
-        """A digest of everything the row holds: equal digest, nothing to write."""
-        return digest_text(orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS).decode())
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> ChunkRow:
-        return cls(**orjson.loads(data))
-
-
-@dataclass(frozen=True, slots=True)
-class RowState:
-    """What planning needs to know about a stored chunk (no texts, no vector)."""
-
-    file: str
-    hash: str
-    digest: str
-    row_digest: str
-    model_tokens: int
-    policy_hash: str = ""
 
 
 class StoreError(PipelineError):
@@ -215,19 +109,64 @@ class VectorStore(Protocol):
     def close(self) -> None: ...
 
 
+#: Opens (creating when absent) a store at a path; ``dim`` is the vector length (``None``:
+#: the store's own, for reading).
+StoreOpener = Callable[[Path, int | None], VectorStore]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreKind:
+    """One kind of store ``--store`` may name.
+
+    Attributes:
+        name: the ``KIND:`` prefix of ``--store`` (``sqlite``, ``lancedb``).
+        opener: a ``StoreOpener``, or its ``"module:attribute"`` path (imported on first use).
+        analyzer: the BM25 analyzer the store reads and writes with (part of the index's
+            identity, checked before the store is opened).
+        suffix: a path ending in it names this kind without a prefix (``.lance``).
+    """
+
+    name: str
+    opener: str | StoreOpener
+    analyzer: str
+    suffix: str = ""
+
+    def open(self, path: Path, dim: int | None = None) -> VectorStore:
+        opener: StoreOpener = resolve(self.opener) if isinstance(self.opener, str) else self.opener
+        return opener(path, dim)
+
+
+#: Store kinds by ``--store`` prefix; the first registered is the default.
+STORES: Registry[StoreKind] = Registry("store kind")
+
+
+def register_store(kind: StoreKind, *, replace: bool = False) -> None:
+    """Make ``kind`` available to ``--store KIND:PATH`` (and to its ``suffix``)."""
+    STORES.add(kind.name, kind, replace=replace)
+
+
+register_store(StoreKind("sqlite", "pipeline.index.sqlite_store:SqliteStore", ANALYZER))
+register_store(StoreKind("lancedb", "pipeline.index.lance_store:LanceStore", LANCE_ANALYZER, ".lance"))
+
+
 def store_spec(out: Path, store: str | Path | None) -> tuple[str, Path]:
     """``(kind, path)`` for ``--store``: ``None`` → the SQLite file in the chunk folder's state.
 
-    ``lancedb:PATH`` (or a path ending in ``.lance``) names a LanceDB folder; ``sqlite:PATH``
-    or any other path a SQLite file.
+    ``KIND:PATH`` names a registered kind (``lancedb:PATH``, ``sqlite:PATH``); a path ending
+    in a kind's suffix (``.lance``) names that kind; any other path a SQLite file.
     """
+    default = STORES.names()[0]
     if store is None or str(store) == "":
-        return "sqlite", Path(out) / ".chunkyard" / DEFAULT_STORE
+        return default, Path(out) / STATE_DIR / DEFAULT_STORE
     text = str(store)
-    for kind in STORE_KINDS:
-        if text.startswith(kind + ":"):
-            return kind, Path(text[len(kind) + 1 :])
-    return ("lancedb" if text.endswith(".lance") else "sqlite"), Path(text)
+    for name in STORES:
+        if text.startswith(name + ":"):
+            return name, Path(text[len(name) + 1 :])
+    for name in STORES:
+        suffix = STORES.get(name).suffix
+        if suffix and text.endswith(suffix):
+            return name, Path(text)
+    return default, Path(text)
 
 
 def open_store(
@@ -250,21 +189,12 @@ def open_store(
 
 def analyzer_of(kind: str) -> str:
     """The BM25 analyzer the store of ``kind`` reads and writes with."""
-    from pipeline.index.analyzer import ANALYZER, LANCE_ANALYZER
-
-    return LANCE_ANALYZER if kind == "lancedb" else ANALYZER
+    return STORES.get(kind).analyzer
 
 
 def open_at(kind: str, path: Path, *, dim: int | None = None) -> VectorStore:
     """Open (creating when absent) the store of ``kind`` at ``path``."""
-    if kind == "lancedb":
-        from pipeline.index.lance_store import LanceStore
-
-        lance: VectorStore = LanceStore(path, dim=dim)
-        return lance
-    from pipeline.index.sqlite_store import SqliteStore
-
-    return SqliteStore(path, dim=dim)
+    return STORES.get(kind).open(path, dim)
 
 
 #: Rankers fetch this many hits beyond k and cut after ``best_first``, so that equal scores

@@ -1,4 +1,4 @@
-"""Leaf-block readers for mistletoe, as CommonMark / GFM read them (used through ``mdlimits.install``).
+"""Leaf-block readers for mistletoe, as CommonMark / GFM read them (installed by ``install_patches``).
 
 - Tables follow markdown-it-py's ``rules_block/table.py`` (the reference the contract checker
   uses): as many header cells as delimiter cells, the table ends only at a blank line or the
@@ -6,17 +6,13 @@
 - A code fence closes only with a run of the same character, at least as long, then nothing
   but blanks (CommonMark 4.5).
 - Link reference definitions are read in windows of ``WINDOW`` characters, not by re-slicing
-  the whole run per definition (quadratic in mistletoe); see ``mdlimits``' docstring.
+  the whole run per definition (quadratic in mistletoe); see the package docstring.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-
-from pipeline.stages.punctuation import import_mistletoe
-
-import_mistletoe()  # before mistletoe's own import: see punctuation.py
 
 from mistletoe import block_token
 from mistletoe import token as md_token

@@ -1,9 +1,10 @@
-"""The chunk store as the audit tools read it: state, redirects, chunk files, sources (SPEC §5, §8).
+"""A chunk folder as the audit tools read it: its state, redirects, chunk files and sources.
 
 Read-only: nothing here writes to the output folder, so ``validate``, ``resolve``
 and ``check-citations`` can run beside an ``ingest`` or a ``watch``. The state database
 is read through mappings that ask it per key (``docs``, ``redirects``, ``index``), so an
-audit holds no copy of the state, whatever the corpus size.
+audit holds no copy of the state, whatever the corpus size. See docs/spec.md, "State and
+scale" and "Audit".
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.chunkfolder import STATE_DIR, ChunkRecord, NotAnObjectError, read_chunk_file
 from pipeline.errors import PipelineError, UsageError
 from pipeline.models import SourceDoc
 from pipeline.run.db import StateDB, StateError, db_path
-from pipeline.run.state import MANIFEST, STATE_DIR, STATE_FILE, state_dir
+from pipeline.run.state import MANIFEST, STATE_FILE, state_dir
 from pipeline.stages.normalize import normalize, read_source
 
 
@@ -130,23 +132,21 @@ class ChunkStore:
             return {}
         return IndexView(self.db, kind)
 
-    def read_record(self, file: str) -> dict[str, Any]:
+    def read_record(self, file: str) -> ChunkRecord:
         """One chunk file, parsed; ``PipelineError`` when it is missing or not a JSON object."""
-        path = self.out / file
         try:
-            record = orjson.loads(path.read_bytes())
+            return read_chunk_file(self.out / file)
         except FileNotFoundError:
             raise PipelineError(
                 f"{file}: chunk file is listed in the manifest but missing "
                 "(hint: run chunkyard ingest to repair the output)"
             ) from None
+        except NotAnObjectError:
+            raise PipelineError(f"{file}: not a JSON object (hint: run chunkyard ingest --full)") from None
         except (OSError, orjson.JSONDecodeError) as exc:
             raise PipelineError(
                 f"{file}: cannot read the chunk file ({exc}) (hint: run chunkyard ingest)"
             ) from None
-        if not isinstance(record, dict):
-            raise PipelineError(f"{file}: not a JSON object (hint: run chunkyard ingest --full)")
-        return record
 
     def source(self, rel_path: str) -> SourceDoc | None:
         """The current source document, normalized; None when it is gone or unreadable."""

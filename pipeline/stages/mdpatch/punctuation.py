@@ -1,25 +1,34 @@
 """Import mistletoe without its scan of every Unicode code point.
 
 ``mistletoe.core_tokens`` builds its ``punctuation`` set at import by asking
-``unicodedata.category`` about all 1,114,112 code points: 0.2-0.4 s of every
-process start, the largest part of chunkyard's. The set depends only on the
-Unicode database Python ships (``unicodedata.unidata_version``), so it is stored
-below as ranges per version. ``import_mistletoe`` shows mistletoe a Unicode range
-of one code point for the length of that import (``core_tokens`` sizes its scan
-by ``sys.maxunicode``), then fills the very same set object in from the table, so
-mistletoe ends with the set it would have built. A version not in the table (a
-newer Python) takes mistletoe's own path, as slow as before and as right.
+``unicodedata.category`` about every code point up to ``sys.maxunicode``: the largest
+part of a process start that chunks (``docs/benchmarks.md`` has the figure). The set
+depends only on the Unicode database Python ships (``unicodedata.unidata_version``), so
+it is stored below as ranges per version.
 
-``python -m pipeline.stages.punctuation`` prints what the running Python's Unicode adds to the
-newest older version in the table (its ``_ADDED`` entry);
+``import_mistletoe`` runs ``core_tokens``' own (cached) code with one difference: inside
+that module, ``import sys`` gives a stand-in whose ``maxunicode`` is 0, so the scan covers
+one code point; then it fills the very same set object in from the table, so mistletoe
+ends with the set it would have built. Nothing outside that module changes: the real
+``sys`` is never touched and the module's ``sys`` is the real one afterwards. A Unicode
+version not in the table (a newer Python) takes mistletoe's own path, as slow as before
+and as right.
+
+``python -m pipeline.stages.mdpatch.punctuation`` prints what the running Python's Unicode
+adds to the newest older version in the table (its ``_ADDED`` entry);
 ``tests/test_punctuation.py`` checks the row against mistletoe's own computation.
 """
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import importlib.util
 import sys
 import threading
+import types
 import unicodedata
+from typing import Any
 
 #: Code point ranges (hex ``first-last``) of the categories P* in Unicode 14.0 (Python 3.11),
 #: less ASCII (mistletoe lists ASCII punctuation itself).
@@ -96,25 +105,52 @@ def import_mistletoe() -> None:
         return
     ranges = _RANGES.get(unicodedata.unidata_version)
     if ranges is None:
-        import mistletoe.core_tokens  # noqa: F401 - the slow scan, for a Unicode we have no row for
+        import mistletoe.core_tokens  # the slow scan, for a Unicode we have no row for
 
         return
-    import html  # noqa: F401 - mistletoe's own imports, done outside the narrowed range
-    import itertools  # noqa: F401
-    import re  # noqa: F401
-    import typing  # noqa: F401
-    import urllib.parse  # noqa: F401
-
     with _LOCK:
-        if "mistletoe.core_tokens" in sys.modules:
-            return
-        real = sys.maxunicode
-        sys.maxunicode = 0  # core_tokens scans range(sys.maxunicode + 1)
-        try:
-            from mistletoe import core_tokens
-        finally:
-            sys.maxunicode = real
-        core_tokens.punctuation.update(decode(ranges))  # the same set object mistletoe uses
+        if "mistletoe.core_tokens" not in sys.modules:
+            _load_core_tokens(decode(ranges))
+    import mistletoe
+
+    setattr(mistletoe, "core_tokens", sys.modules["mistletoe.core_tokens"])  # noqa: B010 - as an import binds it
+
+
+def _load_core_tokens(table: set[str]) -> None:
+    """Execute ``mistletoe.core_tokens`` before its package, with its ``sys`` a stand-in for the scan.
+
+    The module is found without importing ``mistletoe`` (whose ``__init__`` imports it);
+    its code runs in a namespace whose builtins answer ``import sys`` with the stand-in. The
+    functions it defines keep that builtins mapping, which afterwards imports as Python does.
+    """
+    spec = importlib.util.find_spec("mistletoe")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("mistletoe is not installed (hint: pip install chunkyard)")
+    found = importlib.machinery.PathFinder.find_spec("mistletoe.core_tokens", spec.submodule_search_locations)
+    if found is None or found.loader is None:
+        raise ImportError("mistletoe.core_tokens not found (hint: reinstall mistletoe)")
+    module = importlib.util.module_from_spec(found)
+    real_import = builtins.__import__
+    stand_in = types.SimpleNamespace(maxunicode=0)
+
+    def import_with_stand_in(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "sys":
+            return stand_in
+        return real_import(name, *args, **kwargs)
+
+    own_builtins = {**builtins.__dict__, "__import__": import_with_stand_in}
+    module.__dict__["__builtins__"] = own_builtins
+    sys.modules[found.name] = module
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[found.name]
+        raise
+    finally:
+        own_builtins["__import__"] = real_import
+        module.__dict__["__builtins__"] = builtins.__dict__
+    module.__dict__["sys"] = sys
+    module.punctuation.update(table)  # the same set object mistletoe's parser uses
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 CommonMark (5.1, 5.2) lets a quote or a list item go on with a line that lacks its marks
 ("lazy continuation") only while the innermost open block is a paragraph. mistletoe takes
-any line that starts no other block; ``mdlimits`` asks ``Blocks.paragraph`` instead.
+any line that starts no other block; ``containers`` asks ``Blocks.paragraph`` instead.
 
 ``Blocks`` reads the lines a container holds (its own marks already removed) as
 commonmark.js's ``incorporateLine`` reads a document: first the open containers nested in
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 from mistletoe import block_token
 
-from pipeline.stages.mdblocks import FENCE_CLOSER, STAND_IN, cells, delimiter_cells, ends_table
+from pipeline.stages.mdpatch.blocks import FENCE_CLOSER, STAND_IN, cells, delimiter_cells, ends_table
 
 _FENCE_OPENER = re.compile(r"(`{3,})(?!.*`)|(~{3,})")
 _ATX = re.compile(r"#{1,6}(?:[ \t]|$)")
@@ -44,7 +44,7 @@ _RUN_LINES = 64
 
 def _definition_ends(text: str) -> Iterator[int]:
     """Where each of the link definitions ``text`` begins with ends, one after another:
-    mistletoe's own reader (``Footnote.match_reference``, as ``mdlimits`` patches it), which
+    mistletoe's own reader (``Footnote.match_reference``, as ``install`` patches it), which
     reads these lines again when the container is parsed."""
     pos = 0
     while pos < len(text) and (found := block_token.Footnote.match_reference(text, pos)):  # type: ignore[no-untyped-call]

@@ -1,0 +1,124 @@
+"""Search hits merged into passages: ranked neighbours read from the source as one citation span.
+
+``Passages`` belongs to one ``Searcher``: it keeps each source's canonical text (read again
+when the file's mtime or size changes) and the chunks' token counter, and merges ranked
+items with ``pipeline.index.expand``. A hit whose source no longer holds its text at its
+offsets (edited since ingest, or gone) stays a chunk, with a warning: a passage is read
+from the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.index.expand import ChunkFiles, ChunkSpan, expand
+
+#: A passage grows only into neighbours ranked this high in the pool (hits ranked lower
+#: stay chunks; the choice is measured in docs/benchmarks.md).
+MERGE_DEPTH = 30
+
+
+class Passages:
+    """Passage merging for the chunk folder ``out`` (its corpus: ``corpus``, else the manifest's).
+
+    Args:
+        scope: ``document`` (a passage may run across headings) or ``section``.
+    """
+
+    def __init__(self, out: Path, corpus: Path | None, scope: str) -> None:
+        self.out = out
+        self.scope = scope
+        self._corpus = corpus
+        self._store: Any = False  # the chunk folder's store, opened on the first passage
+        self._texts: dict[str, tuple[tuple[int, int] | None, str | None]] = {}
+        self._counter: Callable[[str], int] | None = None
+
+    def _chunk_store(self) -> Any:
+        """The chunk folder's store (``pipeline.audit.chunk_state``), opened once; ``None`` when it cannot be."""
+        if self._store is False:
+            from pipeline.audit.chunk_state import open_store
+
+            try:
+                self._store = open_store(self.out, self._corpus)
+            except PipelineError:
+                self._store = None
+        return self._store
+
+    def _source_text(self, rel: str) -> str | None:
+        """The current canonical text of the source ``rel`` (``None`` when it cannot be read).
+
+        Kept across queries while the file's (mtime, size) stay the same: a long-lived
+        searcher (eval, a bench) normalizes each source once, and never merges from a copy
+        older than the file."""
+        store = self._chunk_store()
+        if store is None:
+            return None
+        try:
+            st = (store.corpus / rel).stat()
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+        kept = self._texts.get(rel)
+        if kept is None or kept[0] != stamp or stamp is None:
+            doc = store.source(rel) if stamp is not None else None
+            kept = (stamp, doc.text if doc is not None else None)
+            self._texts[rel] = kept
+        return kept[1]
+
+    def merge(
+        self, items: list[dict[str, Any]], budget: int, warnings: list[str], ids: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """``items`` (best first) merged into passages (``pipeline.index.expand``, ranked neighbours
+        only, within ``passage_scope``).
+
+        A hit whose source no longer holds its text at its offsets (edited since ingest, or
+        gone) is kept as a chunk, with a warning: a passage is read from the source.
+        """
+        files = ChunkFiles(self.out, ids)  # ids: a ranked neighbour's chunk id without its file
+        stale: set[str] = set()
+        for item in items:
+            files.remember(item["chunk_id"], item["chunk_file"])
+            text = self._source_text(item["file"])
+            start, end = item["offsets"]["start"], item["offsets"]["end"]
+            if text is None or text[start:end] != item["text"]:
+                stale.add(item["file"])
+        for rel in sorted(stale):
+            warnings.append(
+                f"{rel}: the source changed since it was chunked; its hits are not merged "
+                f"(hint: chunkyard ingest, then chunkyard index --out {self.out})"
+            )
+
+        def lookup(chunk_id: str) -> ChunkSpan | None:
+            span = files(chunk_id)
+            return None if span is None or span.source in stale else span
+
+        def text_of(source: str, start: int, end: int) -> str:
+            return (self._source_text(source) or "")[start:end]
+
+        merged = expand(
+            items,
+            lookup,
+            budget,
+            text_of=text_of,
+            ranked_only=True,
+            count=self._count,
+            scope=self.scope,
+            depth=MERGE_DEPTH,
+        )
+        for item in merged:
+            item.setdefault("chunk_ids", [item["chunk_id"]])
+        return merged
+
+    @property
+    def _count(self) -> Callable[[str], int]:
+        """The chunks' token counter (the policy's tokenizer, cl100k by default), made once."""
+        if self._counter is None:
+            from pipeline.stages.tokens import Counter
+
+            store = self._chunk_store()
+            policy = (store.manifest.get("policy") or {}) if store is not None else {}
+            self._counter = Counter(str(policy.get("tokenizer") or "cl100k_base")).count
+        return self._counter
