@@ -130,12 +130,14 @@ class Tally:
     landed: int = 0
     misses: int = 0
     resumed: int = 0
+    mid_commit: int = 0  #: index kills that froze the writer inside its commit
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
         return (
             f"kill phase {self.phase}: {self.landed} SIGKILLs landed in flight and converged "
-            f"({self.misses} moments too late, {self.resumed} too early resumed; seed {SEED}; "
+            f"({self.misses} moments too late, {self.resumed} too early resumed, {self.mid_commit} inside "
+            f"a commit; seed {SEED}; "
             f"{time.monotonic() - self.started:.1f} s)"
         )
 

@@ -319,7 +319,7 @@ def change_chunks(corpus: Path, out: Path, i: int) -> None:
 
 def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tally:
     from pipeline.index.sync import index, index_embedder
-    from pipeline.index.vector_store import store_spec
+    from pipeline.index.vector_store import StoreError, store_spec
 
     corpus, out = tmp_path / "corpus", tmp_path / "chunks"
     shutil.copytree(SAMPLE, corpus)
@@ -340,15 +340,23 @@ def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tal
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
         where_ = f"index {name} kill {i} (seed {SEED})"
 
+        frozen: list[str] = []  # what the frozen moment showed: "old", or "locked" (mid-commit)
+
         def where(
-            proc: subprocess.Popen[Any] = proc, old: Any = old, new: Any = new, at: str = where_
-        ) -> str:
+            proc: subprocess.Popen[Any] = proc, old: Any = old, new: Any = new, at: str = where_,
+            frozen: list[str] = frozen,
+        ) -> str:  # fmt: skip
             if not holds_lock(lock, proc.pid):
                 return "before" if store_state(out, store) == old else "done"
-            now = store_state(out, store)
+            try:
+                now = store_state(out, store)
+            except StoreError:  # the writer was frozen inside its commit, the database locked
+                frozen.append("locked")
+                return "flight"
             if now == new:
                 return "done"  # committed; the process is on its way out
             searchable(out, store, old, at + ", frozen")
+            frozen.append("old")
             return "flight"
 
         landed = stop_in_flight(
@@ -358,7 +366,13 @@ def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tal
         window = window * 1.2 if landed else window / 2  # the moments follow how long a run holds the lock
         if landed:
             tally.landed += 1
-            searchable(out, store, old, where_ + ", after the kill")
+            if frozen[-1] == "old":  # not committed when killed: the old index, whole and searchable
+                searchable(out, store, old, where_ + ", after the kill")
+            else:  # killed inside the commit: one index or the other, whole, never a mix
+                after = store_state(out, store)
+                assert after in (old, new), f"{where_}: killed mid-commit, the index is neither"
+                searchable(out, store, after, where_ + ", after a kill mid-commit")
+                tally.mid_commit += 1
         rerun = index(out, store, embedder)
         assert not getattr(rerun, "failures", None), where_
         assert store_state(out, store) == chunk_state(out) == new, where_
