@@ -2,21 +2,21 @@
 #
 # Two installs into one .venv: `make ingest` (and `watch`) install chunkyard alone, what
 # chunking needs; `make test`, `make install-all` (alias `make install`) and the benchmarks
-# add every extra (the frameworks, the embedder, both stores, Ray, the dev tools).
+# add every extra (the frameworks, the embedder, both stores, Ray, the web server, the dev tools).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 CORE_STAMP := $(VENV)/.installed-core
 ALL_STAMP  := $(VENV)/.installed-all
 STAMP  := $(ALL_STAMP)
-#: every extra but the peers of `make bench` (bench) and sentence-transformers (st: torch)
-EXTRAS := dev,langchain,llamaindex,embed,index,lancedb,ray
+#: every extra but the peers of `make bench` (bench) and sentence-transformers (st: torch); serve: tests/test_serve*.py
+EXTRAS := dev,langchain,llamaindex,embed,index,lancedb,ray,serve,scale
 CORPUS ?= corpus
 OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
 
 .PHONY: install install-all ingest test lint bench bench-watch bench-retrieval bench-adapters fuzz watch clean
-.PHONY: bench-index
+.PHONY: bench-index bench-serve
 
 $(CORE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(CORE_STAMP): pyproject.toml
 	touch $(CORE_STAMP)
 
 $(ALL_STAMP): $(CORE_STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; tests/test_ray.py needs ray
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; tests/test_ray.py needs ray; serve: chunkyard serve (tests/test_serve*.py); scale: Tantivy + usearch
 	touch $(ALL_STAMP)
 
 install-all: $(ALL_STAMP) ## create .venv and install chunkyard with every extra and the dev tools
@@ -97,8 +97,15 @@ bench-scale: $(STAMP) ## issue 15: one edit, watch save, no-change run, RSS, fee
 bench-adapters: $(STAMP) ## the LangChain and LlamaIndex syncs over a real corpus: first, no-op, one edit
 	$(BIN)/python bench/sync_adapters.py $(BENCH_ARGS)
 
+bench-serve: $(STAMP) ## chunkyard serve: 16 clients x 60 s on loopback (p50/p95/p99, queries/s, errors) vs the CLI; save -> found under --watch
+	$(BIN)/python bench/serve_load.py --watch $(BENCH_ARGS)
+
 bench-index: $(STAMP) ## chunkyard index: embedding chunks/s, time to index the 18 MB corpus, hybrid query p50/p95, one-paragraph re-index
 	$(BIN)/python bench/index_bench.py $(BENCH_ARGS)
+
+.PHONY: bench-search-scale
+bench-search-scale: $(ALL_STAMP) ## issue 31: BM25 (Tantivy) and HNSW vs exact search at 100k (BENCH_ARGS="--sizes 100000 1000000") chunks in a haystack
+	$(BIN)/python bench/search_scale.py $(BENCH_ARGS)
 
 .PHONY: bench-ray
 bench-ray: $(STAMP) ## --executor ray vs the local pool, and the parent's cost per document (a loopback-only cluster: needs root)

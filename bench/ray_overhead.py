@@ -12,7 +12,7 @@ chunks it into a fresh output folder:
 
 Per executor it prints the wall time of the command (process start, Ray's connect and
 file system probe included) and the run's own ``seconds``. Then one instrumented run
-per executor, in-process, splits the parent's time: folding each result in (``_record``:
+per executor, in-process, splits the parent's time: recording each result (``session.record_result``:
 manifest entry, change feed), taking results from Ray (``ray.get``), connecting. The
 worker's side is the sum of the stage timings. From those two per-document costs it
 estimates what a cluster of N nodes gives: the workers scale with the CPUs, the
@@ -41,7 +41,7 @@ from ray_support import LoopbackCluster, unshare_problem
 PROBE = r"""
 import json, sys, time
 from pathlib import Path
-import pipeline.run.ingest as ingest_mod
+import pipeline.run.session as session_mod
 from pipeline.run.ingest import Options, Session, ingest
 
 spent = {"record": 0.0, "collect": 0.0, "connect": 0.0, "sync": 0.0}
@@ -53,8 +53,8 @@ def timed(key, fn):  # CPU time of the parent's main thread: what it cannot hand
         finally:
             spent[key] += time.thread_time() - t
     return wrapper
-ingest_mod._record = timed("record", ingest_mod._record)
-Session._sync = timed("sync", Session._sync)
+session_mod.record_result = timed("record", session_mod.record_result)
+Session.sync = timed("sync", Session.sync)
 executor = sys.argv[3]
 if executor == "ray":
     import pipeline.run.ray_executor as rx
@@ -149,7 +149,7 @@ def main() -> None:
             n = max(1, int(s["docs"]))  # type: ignore[call-overload]
             sync = float(s["sync"]) - float(s["connect"])  # type: ignore[arg-type]
             print(
-                f"  {name:5s}  parent: fold in {1000 * float(s['record']) / n:.3f} ms, "  # type: ignore[arg-type]
+                f"  {name:5s}  parent: record {1000 * float(s['record']) / n:.3f} ms, "  # type: ignore[arg-type]
                 f"take from Ray {1000 * float(s['collect']) / n:.3f} ms, "  # type: ignore[arg-type]
                 f"whole sync {1000 * sync / n:.2f} ms (connect + probe {float(s['connect']):.2f} s apart); "  # type: ignore[arg-type]
                 f"workers: {1000 * float(s['worker_seconds']) / n:.2f} ms"  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 The Python API (``pipeline.api``), importable from here::
 
-    from pipeline import Policy, chunk_text, chunk_file, ingest, open_chunks, read_changes, search, update_index
+    from pipeline import Policy, chunk_text, chunk_file, ingest, open_chunks, open_index, read_changes, search, update_index
 
 Its names are loaded on first use (PEP 562), so ``import pipeline`` costs next to
 nothing and never imports an optional framework (LangChain, LlamaIndex: see
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         chunk_text,
         ingest,
         open_chunks,
+        open_index,
         plan_feed,
         read_changes,
         search,
@@ -45,6 +46,7 @@ _API = frozenset(
         "chunk_text",
         "ingest",
         "open_chunks",
+        "open_index",
         "plan_feed",
         "read_changes",
         "search",
@@ -64,6 +66,7 @@ __all__ = (
     "chunk_text",
     "ingest",
     "open_chunks",
+    "open_index",
     "plan_feed",
     "read_changes",
     "search",

@@ -31,6 +31,7 @@ from pipeline.run.ingest import Options, Summary
 
 if TYPE_CHECKING:
     from pipeline.index.sync import IndexReport
+    from pipeline.serve.handle import IndexHandle
 
 __all__ = (
     "Change",
@@ -43,6 +44,7 @@ __all__ = (
     "chunk_text",
     "ingest",
     "open_chunks",
+    "open_index",
     "plan_feed",
     "read_changes",
     "search",
@@ -174,3 +176,26 @@ def search(
     from pipeline.index.query import search as run_search
 
     return run_search(out, query, k=k, mode=mode, store=store)
+
+
+def open_index(
+    out: Path | str, store: str | Path | None = None, *, corpus: Path | str | None = None, workers: int = 2
+) -> IndexHandle:
+    """Open the index of ``out`` once for many queries: ``.search()``, ``.get()``, ``.resolve()``.
+
+    The embedder loads once and the vectors stay in memory; each answer comes from one
+    committed index (a run of ``index`` or ``watch --index`` in another process is seen at
+    the next query, never half of it). Thread-safe: ``workers`` queries run at once.
+
+    Args:
+        out: the chunk folder whose index to ask (built by ``update_index``).
+        store: the index, as for ``update_index``.
+        corpus: the sources (default: the one the chunk folder records).
+        workers: queries answered at once (each holds its own connections).
+
+    Returns:
+        An ``IndexHandle``; close it (or use ``with``) when done.
+    """
+    from pipeline.serve.handle import open_index as open_handle
+
+    return open_handle(out, store, corpus=corpus, workers=workers)

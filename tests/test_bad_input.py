@@ -18,6 +18,7 @@ import pytest
 from conftest import NOBODY, as_nobody, require
 
 import pipeline.run.ingest as ingest_mod
+import pipeline.run.plan as plan_mod
 import pipeline.run.worker  # noqa: F401 - loaded before any test drops privileges
 from pipeline.errors import StageError
 from pipeline.run.db import StateDB, dump_state
@@ -143,14 +144,14 @@ def test_pathological_nesting_is_not_fatal(built: tuple[Path, Path]) -> None:
 
 def test_file_that_vanishes_mid_run(built: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     corpus, out = built
-    real = ingest_mod.discover
+    real = plan_mod.discover
 
     def discover_then_delete(*a: Any, **k: Any) -> Any:
         found = real(*a, **k)
         (corpus / "victim.md").unlink()  # gone between discovery and reading
         return found
 
-    monkeypatch.setattr(ingest_mod, "discover", discover_then_delete)
+    monkeypatch.setattr(plan_mod, "discover", discover_then_delete)
     os.utime(corpus / "victim.md", ns=(1, 1))  # so the run wants to read it
     before = {k: v for k, v in files_of(out).items() if "victim" in k}
     summary = run(corpus, out)

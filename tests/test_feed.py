@@ -399,9 +399,9 @@ def test_a_format_2_state_is_converted_on_first_open_without_rechunking(tmp_path
 
 def test_a_first_sync_makes_the_hash_index_at_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sync into an empty state sorts the chunks' hash index once; renames are found by it later."""
-    from pipeline.run import ingest as ingest_mod
+    from pipeline.run import session as session_mod
 
-    monkeypatch.setattr(ingest_mod, "BULK", 3)
+    monkeypatch.setattr(session_mod, "BULK", 3)
     dropped: list[str] = []
     drop = StateDB.drop_hash_index
     monkeypatch.setattr(StateDB, "drop_hash_index", lambda db: (dropped.append("x"), drop(db))[1])

@@ -298,8 +298,8 @@ def test_the_guard_works_from_a_thread_that_is_not_main(
         thread.start()
         thread.join(600)  # a hang's safety net, not a speed claim: the stage never ends by itself
         assert not thread.is_alive()
-        assert session._pool is not None
-        workers = [w.proc for w in session._pool._idle]
+        assert isinstance(session._executor, GuardPool)
+        workers = [w.proc for w in session._executor._idle]
     assert not [p for p in workers if p.is_alive()]  # the session took its workers with it
     (summary,) = got
     assert (

@@ -230,7 +230,7 @@ def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(tmp_path
     run(corpus, clean)
 
     # a real SIGKILL once the files are written, before the state hears of them
-    sync_killed_at(corpus, out, "pipeline.run.record.fold", "pipeline.run.ingest.fold")
+    sync_killed_at(corpus, out, "pipeline.run.session.record_result")
     assert dump_state(out)["inflight"] is not None
     run(corpus, out)
     assert redirect_map(out) == redirect_map(clean) != {}
@@ -480,7 +480,7 @@ def test_a_rename_found_after_a_run_died_between_the_new_name_and_the_old(tmp_pa
     run(corpus, clean)
     assert redirect_map(clean)
 
-    sync_killed_at(corpus, out, "pipeline.run.ingest.forget")  # a real SIGKILL before the old name is forgotten
+    sync_killed_at(corpus, out, "pipeline.run.session.record_gone")  # a real SIGKILL before the old name is forgotten
     summary = run(corpus, out)
     assert summary.processed == 1 and summary.written == 0  # handbook.md re-checked: its files are right
     assert redirect_map(out) == redirect_map(clean)

@@ -12,7 +12,8 @@ import pytest
 from blake3 import blake3
 from typer.testing import CliRunner
 
-from pipeline.audit.validate import CODES, MANIFEST_FILE, REDIRECTS_FILE, Report, validate
+from pipeline.audit.problems import STATE_DB_FILE, STATE_REDIRECTS
+from pipeline.audit.validate import CODES, Report, validate
 from pipeline.cli.app import app
 from pipeline.errors import UsageError
 from pipeline.run.db import StateDB, db_path, dump_state
@@ -289,7 +290,7 @@ def _redirect(table: dict[str, str]) -> Callable[[Path, Path], str]:
             for old, new in table.items():
                 db.set_redirect(old, new)
         db.close()
-        return REDIRECTS_FILE
+        return STATE_REDIRECTS
 
     return plant
 
@@ -314,7 +315,7 @@ def _mixed_policy(corpus: Path, out: Path) -> str:
     data = manifest(out)
     data["docs"][DEEP]["policy_hash"] = "0123456789abcdef"
     save_manifest(out, data)
-    return MANIFEST_FILE
+    return STATE_DB_FILE
 
 
 CORRUPTIONS: dict[str, tuple[Callable[[Path, Path], str], tuple[str, ...]]] = {

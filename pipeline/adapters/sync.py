@@ -130,26 +130,26 @@ def save_state(path: Path, state: SyncState) -> None:
     write_atomic(path, orjson.dumps(data) + b"\n")
 
 
-class HeldChunk(NamedTuple):
+class EmbeddedChunk(NamedTuple):
     """What the cursor file says the store holds of one chunk."""
 
     digest: str  #: of the text embedded ("": unknown, embed it again)
     file: str  #: the chunk file it came from
 
 
-class _Held:
+class _CursorHoldings:
     """The cursor file's chunks as the planner asks for them (``Holdings``)."""
 
     def __init__(self, chunks: dict[str, list[str]]) -> None:
         self.chunks = chunks
 
-    def states(self) -> dict[str, HeldChunk]:
-        return {cid: HeldChunk(digest, file) for cid, (digest, file) in self.chunks.items()}
+    def states(self) -> dict[str, EmbeddedChunk]:
+        return {cid: EmbeddedChunk(digest, file) for cid, (digest, file) in self.chunks.items()}
 
-    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, HeldChunk]:
+    def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, EmbeddedChunk]:
         files, ids = set(files), set(ids)
         return {
-            cid: HeldChunk(digest, file)
+            cid: EmbeddedChunk(digest, file)
             for cid, (digest, file) in self.chunks.items()
             if file in files or cid in ids
         }
@@ -176,7 +176,7 @@ def sync(
     """
     out, cursor_path = Path(out), Path(cursor_path)
     state = load_state(cursor_path, out)
-    plan = plan_feed(out, state.cursor, _Held(state.chunks), full=full)
+    plan = plan_feed(out, state.cursor, _CursorHoldings(state.chunks), full=full)
     report = StoreSyncReport(plan.cursor, changes=plan.changes, skipped=plan.stale, full=plan.full)
     if not report.changes and not report.full:
         return report
@@ -198,7 +198,7 @@ def sync(
 
 
 def _upsert(
-    target: Target, state: SyncState, plan: FeedPlan[HeldChunk], report: StoreSyncReport, batch_size: int
+    target: Target, state: SyncState, plan: FeedPlan[EmbeddedChunk], report: StoreSyncReport, batch_size: int
 ) -> None:
     """Embed and add the planned upserts whose embedded text is new to the store."""
     pending: list[tuple[ChunkRecord, str, str]] = []

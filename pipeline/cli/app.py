@@ -17,6 +17,7 @@ from pipeline._version import __version__
 from pipeline.cli import audit, index, ingest, view
 from pipeline.cli.base import app
 from pipeline.cli.eval import eval_cmd
+from pipeline.serve.command import serve_cmd
 
 app.command("ingest")(ingest.ingest_cmd)
 app.command("watch")(ingest.watch_cmd)
@@ -27,6 +28,7 @@ app.command("view")(view.view_cmd)
 app.command("index")(index.index_cmd)
 app.command("search")(index.search_cmd)
 app.command("eval")(eval_cmd)
+app.command("serve")(serve_cmd)
 
 
 def version_callback(value: bool) -> None:

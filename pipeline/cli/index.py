@@ -93,6 +93,8 @@ def index_cmd(
         return
     if quiet:
         return
+    for warning in report.warnings:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     from rich.table import Table
 
     table = Table(title="chunkyard index", title_justify="left", show_header=False)

@@ -40,8 +40,8 @@ from pipeline.cli.base import (
 )
 from pipeline.errors import PipelineError
 from pipeline.models import DEFAULT_MAX_BYTES
-from pipeline.run.guard import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 from pipeline.run.ingest import Options, Summary, corpus_relative, ingest
+from pipeline.run.model import DEFAULT_DOC_MEMORY_MB, DEFAULT_DOC_TIMEOUT
 
 EXECUTORS = ("local", "ray")
 ExecutorOpt = Annotated[

@@ -41,15 +41,15 @@ from pipeline.run.changes import Cursor, CursorLostError, read_changes
 CURSOR_LOST = "the feed no longer reaches the cursor"
 
 
-class HeldChunk(Protocol):
+class HeldState(Protocol):
     """What the planner needs to know of a chunk a consumer holds: the file it came from."""
 
     @property
     def file(self) -> str: ...
 
 
-H = TypeVar("H", bound=HeldChunk)
-H_co = TypeVar("H_co", bound=HeldChunk, covariant=True)
+H = TypeVar("H", bound=HeldState)
+H_co = TypeVar("H_co", bound=HeldState, covariant=True)
 
 
 class Holdings(Protocol[H_co]):
@@ -121,24 +121,29 @@ def plan_feed(
     touched: set[str] = set()
     named: set[str] = set()  #: ids a delete line or a write's ``prev_chunk_id`` names
     last_write: dict[str, str] = {}  #: chunk file → the id its last line read wrote ("" = deleted)
-    try:
-        for change in read_changes(out, cursor or None):
+
+    def follow(after: Cursor | None, *, lost: bool = False) -> None:
+        for change in read_changes(out, after):
             plan.changes += 1
             plan.cursor = change.cursor
             if change.kind in ("write", "delete") and change.file:
                 touched.add(change.file)
                 last_write[change.file] = change.chunk_id if change.kind == "write" else ""
+            if lost:  # every chunk file is read: the lines only give the cursor (and stale files)
+                continue
             if change.kind == "delete" and change.chunk_id:
                 named.add(change.chunk_id)
             if change.kind == "write" and change.prev_chunk_id:
                 named.add(change.prev_chunk_id)
             if change.kind == "redirect" and change.old and change.chunk_id:
                 plan.redirects.append((change.old, change.chunk_id))
+
+    try:
+        follow(cursor or None)
     except CursorLostError:
         plan = FeedPlan(None, full=True, reason=CURSOR_LOST)
-        for change in read_changes(out, None):
-            plan.changes += 1
-            plan.cursor = change.cursor
+        last_write.clear()
+        follow(None, lost=True)
     if plan.full:
         touched = set(iter_chunk_files(out))
     holder: dict[str, str] = {}  #: chunk file → the id it holds now

@@ -34,6 +34,7 @@ from pipeline.index.fusion import FUSIONS, MISSING_Z, MODES, RRF_K, Candidate, f
 from pipeline.index.identity import check_compatible, rebuild_hint
 from pipeline.index.passages import MERGE_DEPTH, Passages
 from pipeline.index.rows import ChunkRow
+from pipeline.index.scale import open_scale_search
 from pipeline.index.vector_store import VectorStore, open_store, store_spec
 
 #: Each ranker's list in hybrid mode is this deep (or k, when k is larger).
@@ -87,6 +88,7 @@ class Searcher:
         self._store_arg = store
         self._executor: ThreadPoolExecutor | None = None
         self._lexical_db: VectorStore | None = None
+        self._scale = open_scale_search(self.db.kind, self.db.path, int(self.meta.get("dim", "0") or 0))
         hint = rebuild_hint(str(out), str(store) if store else None, None)
         wanted: dict[str, str] = {"analyzer": self.db.analyzer}
         if embedder is not None and not isinstance(embedder, str):
@@ -120,6 +122,8 @@ class Searcher:
             self._executor.shutdown(wait=True)
         if self._lexical_db is not None:
             self._lexical_db.close()
+        if self._scale is not None:
+            self._scale.close()
         self.db.close()
 
     def __enter__(self) -> Self:
@@ -198,9 +202,12 @@ class Searcher:
             bm25, by_substring = self._lexical(self.db, query, depth)
         if mode in ("hybrid", "dense"):
             vector = self.embedder.embed([query])[0]
-            dense = self.db.dense(vector, depth)
+            scaled = self._scale.dense(vector, depth) if self._scale is not None else None
+            dense = self.db.dense(vector, depth) if scaled is None else scaled
         if lexical is not None:
             bm25, by_substring = lexical.result()
+        if self._scale is not None:
+            warnings.extend(self._scale.warnings())
         if by_substring:
             warnings.append("no BM25 term matched: chunks containing the query's text instead")
         return fuse(bm25, dense, mode, self.weights, self.fusion, self.rrf_k)
@@ -221,10 +228,12 @@ class Searcher:
             rows = self.db.rows([cid for cid, *_ in ranked])
         return rows
 
-    @staticmethod
-    def _lexical(db: VectorStore, query: str, depth: int) -> tuple[list[tuple[str, float]], bool]:
-        """BM25 hits, else chunks containing the query's text (then ``True``: say so)."""
-        hits = db.lexical(query_terms(query), depth)
+    def _lexical(self, db: VectorStore, query: str, depth: int) -> tuple[list[tuple[str, float]], bool]:
+        """BM25 hits (the scale index's while it is current), else chunks containing the
+        query's text (then ``True``: say so)."""
+        terms = query_terms(query)
+        scaled = self._scale.lexical(terms, depth) if self._scale is not None else None
+        hits = db.lexical(terms, depth) if scaled is None else scaled
         if hits:
             return hits, False
         hits = db.substring(" ".join(query.split())[:MAX_NEEDLE], depth)

@@ -41,6 +41,7 @@ from pipeline.index.identity import (
 )
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.scale import scale_sync, settle_scale
 from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
 
 
@@ -80,6 +81,7 @@ class IndexReport:
     reconcile: bool = False
     fixed: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,11 +156,17 @@ def _run(
         meta = _next_meta(
             db, stored, {**wanted, "out": str(out.resolve()), "embed_spec": spec}, plan, upserts, report
         )
+        scale = scale_sync(kind, path, embedder.dim, report)
         if not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None) and stored:
+            if scale is not None:
+                scale.settle(stored)
             return _done(report, started)  # nothing moved: the index stays as it is, generation too
         if on_progress:
             on_progress("commit", 0, 1)
+        replaced = scale.before(upserts, plan.deletes) if scale is not None else {}
         db.commit(upserts, plan.deletes, meta, model=embedder.name)
+        if scale is not None:  # the scale indexes follow the committed store (pipeline.index.scale)
+            scale.after(replaced, upserts, meta, stored)
         if on_progress:
             on_progress("commit", 1, 1)
     finally:
@@ -340,6 +348,7 @@ def _rebuild(
             out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, executor=executor
         ),
     )
+    settle_scale(kind, path, report)  # the scale indexes follow the swapped-in store
     report.store = str(path)
     report.reason = "rebuild"
     return report

@@ -1,4 +1,4 @@
-"""The change feed as a reader sees it: ``read_changes(out, after=cursor)`` (SPEC §5, §10).
+"""The change feed as a reader sees it: ``read_changes(out, after=cursor)`` (docs/spec.md, Runs; State and scale).
 
 In the ``run`` layer so that every consumer above it (the index, the adapters) reads the
 feed through this one reader; ``pipeline.adapters.changes`` re-exports it.
@@ -6,7 +6,7 @@ feed through this one reader; ``pipeline.adapters.changes`` re-exports it.
 This module is the one place that knows how the feed is stored. Two forms exist:
 
 - ``CHUNKS/.chunkyard/changes.jsonl``, JSON lines; a cursor is ``"bytes:<offset>"``.
-- the feed with sequence numbers in the state database (SPEC §10), read through
+- the feed with sequence numbers in the state database (docs/spec.md, State and scale), read through
   ``pipeline.run.feed.read_feed(out, after_seq)``; a cursor is ``"seq:<n>"``. Used
   whenever this build has that module; a cursor of the other form is then lost
   (``CursorLostError``), and a sync reads the feed again from the start.
@@ -134,7 +134,7 @@ def read_changes(out: Path | str, after: Cursor | None = None) -> Iterator[Chang
 
 
 def _seq_feed() -> tuple[Callable[[Path, int], Iterator[Any]], type[Exception]] | None:
-    """``pipeline.run.feed``'s ``read_feed`` and its gap error, when this build has them (SPEC §10)."""
+    """``pipeline.run.feed``'s ``read_feed`` and its gap error, when this build has them (docs/spec.md, State and scale)."""
     try:
         module = importlib.import_module("pipeline.run.feed")
     except ImportError:

@@ -1,4 +1,4 @@
-"""Named points of a run where the crash test kills it (SPEC §5: a run killed anywhere is repaired).
+"""Named points of a run where the crash test kills it (docs/spec.md, Runs: a run killed anywhere is repaired).
 
 ``reached(phase)`` does nothing unless the environment asks (one dict lookup otherwise):
 

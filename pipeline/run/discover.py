@@ -1,4 +1,4 @@
-"""Discovery: which files of a corpus folder are documents (SPEC §5)."""
+"""Discovery: which files of a corpus folder are documents (docs/spec.md, Runs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage emit: chunk records → files, schema-checked, atomic, only what changed (SPEC §1, §5)."""
+"""Stage emit: chunk records → files, schema-checked, atomic, only what changed (docs/spec.md, The stages; Runs)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import xxhash
 from pipeline.errors import SchemaError
 from pipeline.run.checkpoint import reached
 
-if TYPE_CHECKING:  # jsonschema takes ~0.15 s to import: only a run that writes needs it
+if TYPE_CHECKING:  # jsonschema is slow to import: only a run that writes needs it
     import jsonschema
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "chunk.schema.json"
@@ -42,7 +42,7 @@ def validator() -> jsonschema.protocols.Validator:
 
 @lru_cache(maxsize=1)
 def fast_validator() -> Any:
-    """The same schema compiled by jsonschema-rs: ~80x faster, used on the write path.
+    """The same schema compiled by jsonschema-rs: much faster, used on the write path.
 
     Its verdicts are checked against python-jsonschema's in the tests.
     """

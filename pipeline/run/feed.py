@@ -1,4 +1,4 @@
-"""The change feed with sequence numbers, in the state database (SPEC §5, §10).
+"""The change feed with sequence numbers, in the state database (docs/spec.md, Runs; State and scale).
 
 Each line is one row of ``feed`` in ``CHUNKS/.chunkyard/state.sqlite``: its ``seq`` (from
 1, monotonic, never reused), and the 004 envelope as JSON (``ingest.write``,

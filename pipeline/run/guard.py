@@ -1,4 +1,4 @@
-"""The per-document guard, worker side: limits, the serve loop, what a stopped document says (SPEC §5).
+"""The per-document guard, worker side: limits, the serve loop, what a stopped document says (docs/spec.md, Runs).
 
 The parent side, which hands out jobs and enforces the deadlines, is ``pool.GuardPool``.
 
@@ -60,11 +60,6 @@ if TYPE_CHECKING:
 
     from pipeline.models import Policy
 
-#: Seconds a document may take before it is stopped (``--doc-timeout``; 0 = no limit).
-DEFAULT_DOC_TIMEOUT = 30.0
-#: Address space a worker may add, in MiB (``--doc-memory``; 0 = no limit). A legitimate
-#: document at the default size limit (20 MB) peaks near 1 GiB; this leaves room for that.
-DEFAULT_DOC_MEMORY_MB = 2048
 #: Once a worker is writing, its deadline is this many times the limit away.
 WRITE_FACTOR = 10
 RETIRING = "retiring"  #: the next result is this worker's last
@@ -230,7 +225,7 @@ def serve(
                 conn.send("failed")
             return
         conn.send(READY)
-    from pipeline.run.worker import DocResult, process_document
+    from pipeline.run.worker import DocResult, process_document  # loaded already (forked or prepared)
 
     _tune_gc()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
     from pipeline.models import Policy
-    from pipeline.run.job import DocResult, Job
+    from pipeline.run.model import DocResult, Job
 
 
 class _Worker:
@@ -91,17 +91,19 @@ class _Worker:
 class GuardPool:
     """Long-lived worker processes that chunk one document each at a time, under limits.
 
+    An ``Executor[Job, DocResult]`` (``executor.py``): ``run`` yields results in the order of the jobs.
+
     Each worker holds up to ``QUEUE`` jobs: the one it runs and the next ones, already
-    in its pipe, so it goes on while the parent folds results in (with one worker the
+    in its pipe, so it goes on while the parent records results (with one worker the
     two would otherwise take turns). The deadline is the running job's: it starts
     when the previous result comes back.
 
     While every worker has work waiting in its pipe, the parent naps between two
     looks at them (``NAP`` at most, and never past half of what the shortest queue
-    holds at the run's pace) and folds in all the results that came meanwhile. A
-    look per result cost both sides a wake-up each: with two workers over 2,251
-    documents, ~0.3 s of CPU the workers could have had. A queued job's deadline
-    starts when the parent sees the previous result, so a nap can only make it later.
+    holds at the run's pace) and takes all the results that came meanwhile together: a
+    look per result would cost both sides a wake-up each, CPU the workers could have had.
+    A queued job's deadline starts when the parent sees the previous result, so a nap can
+    only make it later.
 
     Workers are forked once the parent has loaded all a document needs (``worker.prepare``,
     done here before the first fork when ``policy`` is given), so they inherit it. One
@@ -272,7 +274,7 @@ class GuardPool:
 
     def _poll(self, worker: _Worker, now: float) -> list[tuple[int, DocResult]]:
         """The results the worker has sent (or its running job's failure); kills it at its deadline."""
-        from pipeline.run.job import DocResult
+        from pipeline.run.model import DocResult
 
         out: list[tuple[int, DocResult]] = []
         try:

@@ -3,7 +3,7 @@
 chunkyard on a cluster needs one file system for all: a task reads its documents and
 writes their chunk files at the paths the parent gave it. A node that mounts the
 output elsewhere, or not at all, would write chunk files nobody reads, and the
-manifest would name files that are not there. So, before the first document goes
+state would name files that are not there. So, before the first document goes
 out, one probe task per node (pinned to it) checks both ways:
 
 - the parent's probe file, written just before, is there for the node with its content;

@@ -1,11 +1,11 @@
-"""The Ray executor: documents chunked by tasks on a Ray cluster, folded in by the parent (SPEC §10).
+"""The Ray executor: documents chunked by tasks on a Ray cluster, recorded by the parent (docs/spec.md, State and scale).
 
 ``chunkyard ingest --executor ray`` sends the documents that need work to Ray tasks,
 a batch of documents per task. A task runs each document through the same guarded
 worker code as the local pool (``GuardPool`` → ``worker.process_document``: read,
 chunk, schema check, atomic write of its chunk files, under the per-document time
 and memory limits) and returns the small ``DocResult`` of each. The parent stays
-the only writer of the manifest, the change feed and the lock, and takes the
+the only writer of the state, the change feed and the lock, and takes the
 results in the order of the jobs, so the output is the local pool's, byte for byte.
 
 Faults:
@@ -18,7 +18,7 @@ Faults:
   error, not an exception: Ray never retries it. A task that fails for good
   (retries spent) reports each of its documents as failed, and the run goes on.
 - Ctrl-C (or any error in the parent) cancels the tasks in flight; the state the
-  run left (``inflight.json``) lets the next run converge, as with the local pool.
+  run left (its in-flight record) lets the next run converge, as with the local pool.
 
 Ray is imported only here, and only when this executor is asked for (the ``ray``
 extra). Corpus and output must be on a file system every node mounts at the same
@@ -43,7 +43,7 @@ from pipeline.errors import StageError, UsageError
 from pipeline.run.guard import bug_message
 
 if TYPE_CHECKING:
-    from pipeline.run.job import DocResult, Job
+    from pipeline.run.model import DocResult, Job
     from pipeline.run.pool import GuardPool
 
 #: Times Ray runs a task again after a system failure (its node or worker process died).
@@ -90,7 +90,8 @@ def run_batch(jobs: Sequence[Job], timeout: float, memory_mb: int) -> list[DocRe
     with both limits off, in this process. No document's failure escapes as an
     exception: Ray would take it for a system failure and retry it.
     """
-    from pipeline.run.worker import DocResult, prepare, process_document
+    from pipeline.run.model import DocResult
+    from pipeline.run.worker import prepare, process_document
 
     if not jobs:
         return []
@@ -118,7 +119,7 @@ def batch_size(jobs: int, cpus: int, batch: int = 0) -> int:
     """Documents per task: ``batch`` if set, else about eight tasks per CPU, ``MAX_BATCH`` at most.
 
     Small enough that every CPU gets work and a retry after a node loss redoes
-    little; large enough that a task's overhead (a few ms) is spread over many documents.
+    little; large enough that a task's fixed overhead is spread over many documents.
     """
     if batch > 0:
         return batch
@@ -181,7 +182,7 @@ def _cluster_news_to_stderr() -> None:
 
 
 class RayExecutor:
-    """Runs jobs as Ray tasks on the cluster at ``address``; the same interface as ``GuardPool``.
+    """Runs jobs as Ray tasks on the cluster at ``address``: an ``Executor[Job, DocResult]`` as ``GuardPool`` is.
 
     Connects on the first ``run`` (a run with nothing to do never starts Ray), checks
     there that every node sees the corpus and the output, and disconnects on ``close``.
@@ -272,7 +273,7 @@ class RayExecutor:
 
     def _collect(self, ref: Any, batch: list[Job]) -> list[DocResult]:
         """A finished task's results; a task that failed for good fails each of its documents."""
-        from pipeline.run.job import DocResult
+        from pipeline.run.model import DocResult
 
         try:
             results: list[DocResult] = self._ray.get(ref)

@@ -1,4 +1,4 @@
-"""Redirects: old ``chunk_id`` → new ``chunk_id`` after an edit (SPEC §3, 000's drift policy).
+"""Redirects: old ``chunk_id`` → new ``chunk_id`` after an edit (docs/spec.md, Addresses that survive edits).
 
 When an edit moves the outline (a heading added, renamed, moved or removed), ``r=``
 changes and with it every ``chunk_id`` of the document; an edit may also shift

@@ -1,4 +1,4 @@
-"""chunkyard's own folder ``CHUNKS/.chunkyard/``: its names, the journal, the lock, feed events (SPEC §5).
+"""chunkyard's own folder ``CHUNKS/.chunkyard/``: its names, the journal, the lock, feed events (docs/spec.md, Runs).
 
 The state itself (documents, chunks, redirects, in-flight record, change feed) lives in
 the database ``state.sqlite`` there (``db.py``, ``feed.py``). The journal stays a folder of

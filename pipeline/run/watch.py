@@ -1,31 +1,18 @@
-"""Watch: keep the chunk folder current while documents are saved (SPEC §6).
+"""Watch: keep the chunk folder current while documents are saved (docs/spec.md, Watch).
 
 A watchdog observer (inotify here, or polling with ``polling=True``) reports file-system
-events. ``_Handler`` maps each to a corpus-relative document path, or to a folder that
-was created, deleted or moved, and drops everything else: editors' swap, backup and lock
-files, ``.git``, the output folder, excluded paths. ``Watcher`` debounces the marks per
-path (a path is ripe once it has been quiet for ``debounce`` seconds), coalesces them,
-and hands each ripe batch to ``Session.sync(paths)``; that is what gives watch the
-guarantees of ``ingest``: atomic chunk files, stale ones removed, the change feed, the
-manifest written last, one writer per output folder (the lock is held until ``stop``).
+events; ``watch_events.EventHandler`` maps each to a corpus-relative document path, or to
+a folder that was created, deleted or moved, and drops everything else (how editors'
+saves become marks is told there). ``Watcher`` debounces the marks per path (a path is
+ripe once it has been quiet for ``debounce`` seconds), coalesces them, and hands each
+ripe batch to ``Session.sync(paths)``; that is what gives watch the guarantees of
+``ingest``: atomic chunk files, stale ones removed, the change feed, the state written
+last, one writer per output folder (the lock is held until ``stop``).
 
-How editors save, and what the marks become:
-
-- in place (truncate + write): modified/closed events on the path → one sync.
-- temp file then rename over (vim, JetBrains): the temp name is not a document; the
-  rename's destination is marked → one sync. vim's ``doc.md`` → ``doc.md~`` backup
-  rename marks ``doc.md`` too, and the debounce lets the new file land first.
-- delete then create: both events mark the same path → one sync, usually.
-- a rename: source and destination are synced in one batch, so the change feed shows
-  the deletes, the writes and the redirects (old ids → new) of one sync.
-- a folder created, moved in, out, or deleted: every manifest document under its old
-  name and every document now under its new one. (inotify pairs the two halves of a
-  move for 0.5 s, so a folder moved out of the corpus is seen that much later.)
-
-A batch keeps only paths that are documents now or that the manifest has: a file made
-and deleted within one debounce, or emacs' lock link, costs no sync. A document that
-fails (half-saved, invalid UTF-8 for a moment) is reported; ``Session`` keeps its
-previous chunks, and the next save of it is synced again.
+A batch keeps only paths that are documents now or that the state has: a file made and
+deleted within one debounce, or emacs' lock link, costs no sync. A document that fails
+(half-saved, invalid UTF-8 for a moment) is reported; ``Session`` keeps its previous
+chunks, and the next save of it is synced again.
 
 The first sync may use a process pool, so it runs before the observer thread exists;
 a second, incremental sync then catches what was saved meanwhile.
@@ -33,36 +20,22 @@ a second, incremental sync then catches what was saved meanwhile.
 
 from __future__ import annotations
 
-import errno
 import os
-import re
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Self
 
-from watchdog.events import (
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-)
 from watchdog.observers.api import BaseObserver
-from watchdog.observers.polling import PollingObserver
 
 from pipeline.run.discover import SKIP_DIRS, discover, excluded, find_one, is_document
-from pipeline.run.ingest import Options, Session, Summary
-from pipeline.run.watchlimit import FolderPoller, limit_warning, unwatched
-from pipeline.run.worker import DocResult
+from pipeline.run.model import DocResult, Options, Summary
+from pipeline.run.session import Session
+from pipeline.run.watch_events import EventHandler, Key, is_editor_temp, start_observer
+from pipeline.run.watch_report import DocChange, Done, OnSync, SyncReport, doc_change, ms_of
+from pipeline.run.watchlimit import FolderPoller
 
 DEFAULT_DEBOUNCE = 0.05
 #: A path that never goes quiet (a writer streaming into it) is synced at least this often.
@@ -74,99 +47,12 @@ POLL_INTERVAL = 0.25
 #: in between would undo "a vanished corpus keeps its chunks".
 DELETE_GRACE = 0.5
 
-# inotify re-adds the watch of a folder moved out and back in, and says so on stderr
-warnings.filterwarnings("ignore", "Callback with id", RuntimeWarning, r"watchdog\.")
-
-#: The event types watch needs; opens and read-only closes (our own reads) never reach it.
-EVENT_TYPES: list[type[FileSystemEvent]] = [
-    FileCreatedEvent,
-    FileModifiedEvent,
-    FileClosedEvent,
-    FileDeletedEvent,
-    FileMovedEvent,
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-]
-
-_EDITOR_TEMP = re.compile(
-    r"""(\.sw[a-px]|~|\.tmp|\.bak|___jb_(?:tmp|old)___)$   # vim swap, backups, temp files, JetBrains
-    |^(?:4913|\.~lock\..*|\#.*\#)$                      # vim's probe, LibreOffice lock, emacs autosave
-    """,
-    re.VERBOSE,
-)
-
-
-def is_editor_temp(path: str) -> bool:
-    """An editor's swap, backup, lock or temp file, which watch never syncs.
-
-    ``.#name`` is emacs' lock, a symlink to nowhere: it is dropped as such, so that a
-    regular file of that name (a document for ``ingest``, SPEC §5) is still watched.
-    """
-    name = os.path.basename(path)
-    if _EDITOR_TEMP.search(name):
-        return True
-    return name.startswith(".#") and os.path.islink(path)
-
-
-Status = Literal["chunked", "unchanged", "removed", "failed"]
-
-
-@dataclass(frozen=True, slots=True)
-class DocChange:
-    """What one sync did to one document's chunk files."""
-
-    path: str
-    status: Status
-    written: int = 0
-    unchanged: int = 0
-    removed: int = 0
-    ms: float = 0.0  #: the document's own processing time
-    error: str | None = None
-    renamed_from: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SyncReport:
-    """One sync: the first (``initial``) or one debounced batch of saved paths."""
-
-    summary: Summary
-    docs: tuple[DocChange, ...]
-    ms: float  #: wall time of the sync
-    latency_ms: float  #: first event of the batch → output current (0 for the initial sync)
-    initial: bool = False
-    error: str | None = None  #: the sync itself failed (not one document): nothing was recorded
-
-
-OnSync = Callable[[SyncReport], None]
-
 
 @dataclass(slots=True)
 class _Mark:
     first: float  #: monotonic time of the first event since the last sync
     last: float  #: and of the latest
     renamed_from: str | None = None  #: a document renamed to this one
-
-
-_Key = tuple[str, bool]  # (corpus-relative path, is a folder)
-
-
-class _Handler(FileSystemEventHandler):
-    """Observer thread → marks on the watcher: documents and folders, nothing else."""
-
-    def __init__(self, watcher: Watcher) -> None:
-        self.w = watcher
-
-    def dispatch(self, event: FileSystemEvent) -> None:
-        src = self.w.relative(os.fsdecode(event.src_path), event.is_directory)
-        dest = self.w.relative(os.fsdecode(event.dest_path), event.is_directory) if event.dest_path else None
-        if event.is_directory:
-            if event.event_type in ("deleted", "moved") and src == "":
-                self.w.corpus_gone()
-            elif event.event_type in ("created", "deleted", "moved"):
-                self.w.mark([(k, True) for k in (src, dest) if k])
-            return
-        self.w.mark([(k, False) for k in (src, dest) if k], renamed_from=src if src and dest else None)
 
 
 class Watcher:
@@ -212,8 +98,8 @@ class Watcher:
         self._out_str = str(opts.out.resolve())
         self._out_inside = Path(self._out_str).is_relative_to(self._root)
         self._cond = threading.Condition()
-        self._pending: dict[_Key, _Mark] = {}
-        self._partners: dict[_Key, set[_Key]] = {}
+        self._pending: dict[Key, _Mark] = {}
+        self._partners: dict[Key, set[Key]] = {}
         self._stopping = False
         self._syncing = False
         self._observer: BaseObserver | None = None
@@ -283,7 +169,7 @@ class Watcher:
             return None
         return rel
 
-    def mark(self, keys: list[_Key], renamed_from: str | None = None) -> None:
+    def mark(self, keys: list[Key], renamed_from: str | None = None) -> None:
         """Note events on ``keys``; keys marked together (a rename) are synced together."""
         if not keys:
             return
@@ -342,59 +228,22 @@ class Watcher:
             if self._stopping:
                 self._emit(first)
                 return
-            self._observer = self._start_observer()
+            handler = EventHandler(self.relative, self.mark, self.corpus_gone)
+            self._observer, self._poller = start_observer(
+                str(self._root), handler, polling=self.polling, interval=POLL_INTERVAL, warn=self._warn
+            )
         catch_up = self._run_sync(None, initial=False, quiet_if_idle=True)
         # the first report goes out once events flow: an edit made after it is seen by inotify
         self._emit(first)
         self._emit(catch_up)
         self.ready.set()
 
-    def _start_observer(self) -> BaseObserver:
-        """inotify (or polling if asked); past the inotify limit, polling for what it refused."""
-        handler = _Handler(self)
-        if not self.polling:
-            from watchdog.observers import Observer
-
-            observer: BaseObserver = Observer()
-            observer.schedule(handler, str(self._root), recursive=True, event_filter=EVENT_TYPES)
-            try:
-                observer.start()
-            except OSError as exc:  # the root refused (ENOSPC: the watch limit; EMFILE: instances)
-                observer.stop()
-                if exc.errno in (errno.ENOSPC, errno.EMFILE):
-                    self._warn(limit_warning(0, 0, root_refused=True) + f" [{exc.strerror or exc}]")
-                else:  # not the limit (the root vanished, say): poll, and say why
-                    self._warn(f"watch: cannot watch {self._root} ({exc.strerror or exc}); polling instead")
-            else:
-                self._poll_refused()
-                return observer
-        observer = PollingObserver(timeout=POLL_INTERVAL)
-        observer.schedule(handler, str(self._root), recursive=True, event_filter=EVENT_TYPES)
-        observer.start()
-        return observer
-
-    def _poll_refused(self) -> None:
-        """Compare the folders with the watches inotify holds; poll the ones it does not."""
-        found = unwatched(str(self._root), lambda path: self.relative(path, True) is None)
-        if not found or not found[0]:
-            return
-        missing, total = found
-        self._warn(limit_warning(len(missing), total))
-
-        def changed(path: str, is_dir: bool) -> None:
-            rel = self.relative(path, is_dir)
-            if rel:
-                self.mark([(rel, is_dir)])
-
-        self._poller = FolderPoller(missing, POLL_INTERVAL, changed)
-        self._poller.start()
-
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
         if self.on_warning is not None:
             self.on_warning(message)
 
-    def _next_batch(self) -> dict[_Key, _Mark] | None:
+    def _next_batch(self) -> dict[Key, _Mark] | None:
         """Wait for the next ripe batch: paths quiet for ``debounce``, with their rename partners."""
         with self._cond:
             while True:
@@ -431,7 +280,7 @@ class Watcher:
             paths.update(prefix + f.rel_path for f in found)
         return paths
 
-    def _sync_batch(self, batch: dict[_Key, _Mark]) -> None:
+    def _sync_batch(self, batch: dict[Key, _Mark]) -> None:
         try:
             db = self._session.db
             paths: set[str] = set()
@@ -483,10 +332,10 @@ class Watcher:
         """
         db = self._session.db
         old = {p: len(db.files_of(p)) for p in paths or ()}
-        results: dict[str, _Done] = {}
+        results: dict[str, Done] = {}
 
         def keep(r: DocResult) -> None:
-            results[r.rel_path] = _Done(r.error, len(r.added) + len(r.changed), len(r.files), _ms(r))
+            results[r.rel_path] = Done(r.error, len(r.added) + len(r.changed), len(r.files), ms_of(r))
 
         started = time.monotonic()
         try:
@@ -501,7 +350,7 @@ class Watcher:
         gone = self._session.gone
         names = set(results) | set(gone) if paths is None else set(paths)
         changes = tuple(
-            _change(rel, old.get(rel, gone.get(rel, 0)), db, results.get(rel), (renames or {}).get(rel))
+            doc_change(rel, old.get(rel, gone.get(rel, 0)), db, results.get(rel), (renames or {}).get(rel))
             for rel in sorted(names)
         )
         for change in changes:
@@ -517,36 +366,6 @@ class Watcher:
     def _emit(self, report: SyncReport | None) -> None:
         if report is not None and self.on_sync is not None:
             self.on_sync(report)
-
-
-@dataclass(frozen=True, slots=True)
-class _Done:
-    """What a sync's report keeps of one document's result."""
-
-    error: str | None
-    written: int
-    files: int
-    ms: float
-
-
-def _change(rel: str, old_files: int, db: Any, done: _Done | None, renamed_from: str | None) -> DocChange:
-    """One document's line: files written, unchanged and removed by the sync."""
-    stamp = db.stamp(rel)
-    new_files = len(db.files_of(rel)) if stamp is not None else 0
-    if done is not None and done.error is not None:
-        return DocChange(rel, "failed", unchanged=new_files, ms=done.ms, error=done.error)
-    if done is not None:
-        removed = max(0, old_files - done.files)
-        return DocChange(
-            rel, "chunked", done.written, done.files - done.written, removed, done.ms, None, renamed_from
-        )
-    if stamp is None:
-        return DocChange(rel, "removed", removed=old_files)
-    return DocChange(rel, "unchanged", unchanged=new_files)
-
-
-def _ms(result: DocResult) -> float:
-    return round(sum(result.seconds.values()) * 1000, 1)
 
 
 __all__ = ("DEFAULT_DEBOUNCE", "DocChange", "SyncReport", "Watcher", "is_editor_temp")

@@ -1,4 +1,4 @@
-"""Watch past the inotify limit: find the folders inotify refused, and poll those (SPEC §6).
+"""Watch past the inotify limit: find the folders inotify refused, and poll those (docs/spec.md, Watch).
 
 inotify needs one watch per folder, and the kernel caps them per user
 (``fs.inotify.max_user_watches``). watchdog reports a refused root, but drops a refused

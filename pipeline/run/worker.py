@@ -1,4 +1,4 @@
-"""One document's whole job in a worker: read, chunk, check, write (SPEC §5).
+"""One document's whole job in a worker: read, chunk, check, write (docs/spec.md, Runs).
 
 ``process_document`` adds the two I/O ends to the pure ``runner.chunk_document``:
 it reads the source, checks every record against the schema, and writes the
@@ -18,14 +18,14 @@ import xxhash
 from pipeline.errors import PipelineError, SchemaError, StageError
 from pipeline.models import Chunk, Policy
 from pipeline.run.emit import check_record, dumps, fast_validator, stable_digest, unchanged, write_all_atomic
-from pipeline.run.job import DocResult, Job
+from pipeline.run.model import DocResult, Job
 from pipeline.run.redirects import Chunklet, match
 from pipeline.run.state import read_journal, write_journal
 from pipeline.runner import Timer, chunk_document, counter
 from pipeline.stages.mdpatch import install_patches
 from pipeline.stages.normalize import read_stamped
 
-__all__ = ["DocResult", "Job", "prepare", "process_document"]  # Job and DocResult live in job.py
+__all__ = ["DocResult", "Job", "prepare", "process_document"]  # Job and DocResult live in model.py
 
 
 def prepare(policy: Policy) -> None:
@@ -35,17 +35,16 @@ def prepare(policy: Policy) -> None:
     never imports in the middle of a run: a venv replaced under a long ``watch``, or a
     process whose privileges dropped, cannot fail a document with ``ModuleNotFoundError``.
     """
-    # the executors: starting a forked worker, the unguarded pool's queues and locks, the guard
+    # the executors: starting a forked worker, the local pool's queues and locks (the guard
+    # pool's own module is loaded by whoever makes one, before it forks)
     import concurrent.futures.process  # noqa: F401
     import multiprocessing.popen_fork
     import multiprocessing.queues
     import multiprocessing.synchronize  # noqa: F401
 
-    import pipeline.run.pool  # noqa: F401
-
     install_patches()  # mistletoe's block readers, patched once before any fork
     fast_validator()  # jsonschema-rs and the compiled chunk schema
-    counter(policy.tokenizer)  # the vocabulary (~0.2 s)
+    counter(policy.tokenizer)  # the tokenizer's vocabulary
 
 
 def process_document(job: Job, before_write: Callable[[], None] | None = None) -> DocResult:
@@ -103,9 +102,9 @@ def process_document(job: Job, before_write: Callable[[], None] | None = None) -
 
 
 def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
-    """Write the chunk files whose content moved, all or none (SPEC §5 minimal writes).
+    """Write the chunk files whose content moved, all or none (docs/spec.md, minimal writes).
 
-    The change feed's view (``added``/``changed``) compares with the manifest, so a
+    The change feed's view (``added``/``changed``) compares with the state, so a
     loader hears of every change even when a run that died had already written it.
     """
     digests = job.old_digests
@@ -114,7 +113,7 @@ def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
     for chunk, digest in zip(chunks, result.digests, strict=True):
         target = f"{job.out}/{chunk.rel_file}"  # a str: a Path per chunk costs more than its write
         was = before.get(chunk.rel_file)  # None: a new file; "": digest unknown
-        if job.fresh:
+        if job.output_was_empty:
             on_disk = False
         elif job.trusted and was:
             on_disk = was == digest and os.path.exists(target)
@@ -127,7 +126,7 @@ def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
         if not on_disk:
             pending.append((target, dumps(chunk.record)))
     try:
-        write_all_atomic(pending, new=job.fresh, chunks=True)
+        write_all_atomic(pending, new=job.output_was_empty, chunks=True)
     except OSError:
         result.unsafe = True
         raise
@@ -135,7 +134,7 @@ def _write(job: Job, chunks: list[Chunk], result: DocResult) -> None:
 
 
 def _redirects(job: Job, chunks: list[Chunk]) -> dict[str, tuple[str, str]]:
-    """Match the old ids this version no longer has to new chunks, by content (SPEC §3)."""
+    """Match the old ids this version no longer has to new chunks, by content (docs/spec.md, Redirects)."""
     live = {c.record["chunk_id"] for c in chunks}
     gone = [i for i, cid in enumerate(job.old_chunk_ids) if cid not in live]
     if not gone or not chunks:
@@ -153,7 +152,7 @@ def _redirects(job: Job, chunks: list[Chunk]) -> dict[str, tuple[str, str]]:
 def _old_texts(job: Job, gone: list[int]) -> dict[str, tuple[str, str | None]]:
     """The old texts of vanished chunks: from the journal of a run that died, else the old files.
 
-    Each text is checked against the manifest's hash, so a file that a dead run already
+    Each text is checked against the state's hash, so a file that a dead run already
     overwrote is never taken for the old text. What is found is journaled before any
     file is overwritten, so a crash from here on loses nothing.
     """
@@ -168,7 +167,7 @@ def _old_texts(job: Job, gone: list[int]) -> dict[str, tuple[str, str | None]]:
     for cid, (digest, text) in journal.items():
         if cid in want and want[cid][1] == digest:
             found[cid] = (digest, text)
-    fresh = False
+    read_now = False
     for cid, (file, digest) in want.items():
         if cid in found:
             continue
@@ -178,7 +177,7 @@ def _old_texts(job: Job, gone: list[int]) -> dict[str, tuple[str, str | None]]:
             continue
         if isinstance(rec, dict) and rec.get("chunk_id") == cid and rec.get("hash") == digest:
             found[cid] = (digest, str(rec.get("originalText", "")))
-            fresh = True
-    if fresh:
+            read_now = True
+    if read_now:
         write_journal(out, job.rel_path, {cid: (d, t or "") for cid, (d, t) in found.items()})
     return found

@@ -1,0 +1,482 @@
+"""``make bench-search-scale``: search at 100k and 1M chunks (issue 31), inside a haystack.
+
+    python bench/search_scale.py [--sizes 100000 1000000] [--keep DIR] [--distinct 4000] [--queries 0]
+
+1. **Real chunks.** The three gold corpora (the part ``make bench-retrieval`` uses: 1.6 MB,
+   PowerShell's 1 MB) are chunked with ``chunkyard ingest``; the other corpora of
+   ``../shared/corpora`` are chunked too and ``--distinct`` of their chunks (a fixed
+   pseudo-random draw) are the haystack's originals.
+2. **Real vectors, each text once.** Every gold chunk and every original is embedded with
+   the default ONNX embedder through ``bench/embed_cache.py`` (a rerun embeds nothing).
+3. **The haystack.** Copies of the originals fill the index up to each size: a copy's
+   text has a few words changed (three words swapped for words drawn from the haystack's
+   vocabulary, seeded), its vector is the original's plus small Gaussian noise,
+   renormalised, so near duplicates cluster as they do in a real corpus and ANN recall
+   means something. The gold chunks sit inside with their real vectors. The store is the
+   SQLite store, filled through its own ``commit``; the scale indexes (BM25 on Tantivy,
+   HNSW through usearch) are then built from the store as ``chunkyard index`` builds them.
+4. **Measured per size:** BM25 / dense / hybrid latency p50 / p95 inside one ``Searcher``
+   (chunks, not passages: the ranking's cost), each with the scale indexes and with the
+   exact path (FTS5 and the brute-force matrix; skipped past ``--exact-max`` chunks, where
+   it takes seconds a query); the searcher's RSS; ANN recall@10 against exact dense search;
+   each gold set's nDCG@10 in the haystack (scale and exact) and in its corpus alone.
+
+``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
+re-uses each store whose size and seed match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+CORPORA = REPO.parent / "shared" / "corpora"
+GOLD = HERE / "gold"
+RESULTS = HERE / "results"
+GOLD_SETS = {"rust-book": "rust-book.jsonl", "fastapi-en": "fastapi-en.jsonl", "powershell-docs": "powershell-docs.jsonl"}
+MAX_BYTES = {"powershell-docs": 1_000_000}
+DEFAULT_MAX_BYTES = 1_600_000
+MODES = ("bm25", "dense", "hybrid")
+NOISE = 0.02  #: per-dimension standard deviation of a copy's noise (unit vectors of 384 dims)
+CHANGED_WORDS = 3
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- 1. real chunks -----------------------------------------------------------------------
+
+
+def ingest(corpus: Path, out: Path) -> Path:
+    from pipeline.api import ingest as run_ingest
+
+    if not (out / ".chunkyard").is_dir():
+        log(f"ingest {corpus} -> {out}")
+        run_ingest(str(corpus), str(out))
+    return out
+
+
+def chunk_rows(out: Path) -> list[Any]:
+    """Every chunk file of ``out`` as a ``ChunkRow`` (sorted by file)."""
+    import orjson
+
+    from pipeline.index.rows import ChunkRow
+
+    rows = []
+    for root, dirs, files in os.walk(out):
+        dirs[:] = sorted(d for d in dirs if d != ".chunkyard")
+        for name in sorted(files):
+            if name.endswith(".json"):
+                path = Path(root) / name
+                record = orjson.loads(path.read_bytes())
+                rows.append(ChunkRow.from_record(record, path.relative_to(out).as_posix()))
+    return rows
+
+
+def gold_corpora(scratch: Path, names: Sequence[str]) -> dict[str, tuple[Path, Path]]:
+    """Per gold set: (the corpus part, its chunk folder)."""
+    from retrieval import bench_corpus
+
+    found = {}
+    for name in names:
+        gold = GOLD_SETS[name]
+        part = bench_corpus(CORPORA / name, GOLD / gold, MAX_BYTES.get(name, DEFAULT_MAX_BYTES), scratch)
+        found[name] = (part, ingest(part, scratch / f"chunks-{name}"))
+    return found
+
+
+def haystack_originals(scratch: Path, distinct: int) -> list[Any]:
+    """``distinct`` chunks of the corpora without a gold set (a fixed draw by chunk-id hash)."""
+    others = scratch / "haystack-corpus"
+    if not others.is_dir():
+        others.mkdir(parents=True)
+        for corpus in sorted(CORPORA.iterdir()):
+            if corpus.is_dir() and corpus.name not in GOLD_SETS:
+                (others / corpus.name).symlink_to(corpus)
+    rows = chunk_rows(ingest(others, scratch / "chunks-haystack"))
+    rows.sort(key=lambda r: hashlib.sha256(r.chunk_id.encode()).hexdigest())
+    return rows[:distinct]
+
+
+# --- 2. vectors -----------------------------------------------------------------------------
+
+
+def embedder(scratch: Path) -> Any:
+    from embed_cache import CachedEmbed
+
+    from pipeline.index.embedders import make_embedder
+
+    return CachedEmbed(make_embedder("default"), scratch / "embed-cache.sqlite")
+
+
+# --- 3. the haystack ------------------------------------------------------------------------
+
+
+def vocabulary(rows: Sequence[Any]) -> list[str]:
+    words: set[str] = set()
+    for row in rows:
+        words.update(w for w in row.embed_text.split() if w.isalpha() and 3 <= len(w) <= 12)
+    return sorted(words)
+
+
+def copies(originals: Sequence[Any], vectors: Any, count: int, seed: int) -> Iterator[tuple[Any, Any]]:
+    """``count`` copies of the originals, round robin: words changed, vectors perturbed."""
+    import dataclasses
+
+    import numpy as np
+
+    rng = random.Random(seed)
+    noise = np.random.default_rng(seed)
+    vocab = vocabulary(originals)
+    for n in range(count):
+        i = n % len(originals)
+        row = originals[i]
+        words = row.embed_text.split(" ")
+        for _ in range(CHANGED_WORDS):
+            if words:
+                words[rng.randrange(len(words))] = rng.choice(vocab)
+        text = " ".join(words)
+        copy_no = n // len(originals) + 1
+        cid = f"haystack/c{copy_no:04d}/{row.chunk_id}"
+        vector = vectors[i] + noise.normal(0.0, NOISE, vectors.shape[1]).astype(np.float32)
+        vector /= np.linalg.norm(vector)
+        from pipeline.index.rows import digest_text
+
+        yield (
+            dataclasses.replace(
+                row,
+                chunk_id=cid,
+                id=cid,
+                file=f"haystack/c{copy_no:04d}/{row.file}",
+                source_file=f"haystack/c{copy_no:04d}/{row.source_file}",
+                digest=digest_text(text),
+                embed_text=text,
+                text=text,
+            ),
+            vector.astype(np.float32),
+        )
+
+
+def build_store(
+    path: Path, gold: Sequence[tuple[Any, Any]], originals: Sequence[Any], vectors: Any, size: int, seed: int,
+    config: dict[str, str],
+) -> float:
+    """The SQLite store at ``path``: the gold rows, then copies up to ``size`` chunks (seconds taken)."""
+    from pipeline.index.identity import index_hash
+    from pipeline.index.sqlite_store import SqliteStore
+
+    stamp = path.with_name(path.name + ".built")
+    wanted = f"{size} {seed} {len(gold)} {len(originals)}"
+    if stamp.exists() and stamp.read_text() == wanted and path.exists():
+        log(f"re-using {path}")
+        return 0.0
+    for p in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
+        p.unlink(missing_ok=True)
+    store = SqliteStore(path, dim=int(config["dim"]))
+    model = config["embed_model"]
+    meta = {**config, "embed_spec": "default", "analyzer": store.analyzer, "format": "1", "out": str(path.parent)}
+    generation = 0
+    batch: list[tuple[Any, Any]] = list(gold)
+    started = time.perf_counter()
+    done = 0
+    for pair in copies(originals, vectors, max(0, size - len(gold)), seed):
+        batch.append(pair)
+        if len(batch) >= 20_000:
+            generation += 1
+            store.commit(batch, (), {**meta, "generation": str(generation), "chunks": str(done + len(batch))},
+                         model=model)
+            done += len(batch)
+            batch = []
+            log(f"  store: {done} rows ({time.perf_counter() - started:.0f} s)")
+    generation += 1
+    done += len(batch)
+    final = {**meta, "generation": str(generation), "chunks": str(done)}
+    final["index_hash"] = index_hash("sqlite-vec", final, [], str(size))
+    store.commit(batch, (), final, model=model)
+    store.close()
+    stamp.write_text(wanted)
+    log(f"store {path}: {done} rows in {time.perf_counter() - started:.0f} s")
+    return time.perf_counter() - started
+
+
+# --- 4. measured -------------------------------------------------------------------------
+
+
+def build_scale(path: Path) -> dict[str, float]:
+    """Both scale indexes built from the store, as ``chunkyard index`` builds them."""
+    from pipeline.index import ann, bm25_tantivy
+    from pipeline.index.scale import SCALE_ENV, ScaleSync
+    from pipeline.index.sqlite_store import SqliteStore
+
+    db = SqliteStore(path)
+    meta = db.meta()
+    db.close()
+    taken: dict[str, float] = {}
+    os.environ[SCALE_ENV] = "on"
+    sync = ScaleSync(path, int(meta["dim"]))
+    if bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(path)).generation() != meta["generation"]:
+        started = time.perf_counter()
+        bm25_tantivy.remove(bm25_tantivy.folder_for(path))
+        ann.HnswIndex(path, int(meta["dim"])).remove()
+        sync.settle(meta)
+        taken["scale_build_s"] = round(time.perf_counter() - started, 1)
+        log(f"scale indexes built in {taken['scale_build_s']} s")
+    folder = bm25_tantivy.folder_for(path)
+    taken["tantivy_mb"] = round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6, 1)
+    state = ann.HnswIndex(path, int(meta["dim"])).state()
+    taken["hnsw_mb"] = round((path.parent / state["file"]).stat().st_size / 1e6, 1)
+    taken["store_mb"] = round(path.stat().st_size / 1e6, 1)
+    return taken
+
+
+def probe(spec_path: Path) -> None:
+    """In a process of its own (its RSS is the searcher's): every question in every mode."""
+    spec = json.loads(spec_path.read_text())
+    from embed_cache import CachedEmbed
+
+    from pipeline.index import Searcher
+    from pipeline.index.embedders import make_embedder
+
+    embed = CachedEmbed(make_embedder("default"), Path(spec["cache"]), quiet=True)
+    questions: list[str] = spec["questions"]
+    embed(questions)  # the query vectors come from the cache: the timing is the search's
+    ask = Searcher(Path(spec["out"]), f"sqlite:{spec['store']}", embed, expand_tokens=0)
+    if not spec["scale"] and ask._scale is not None:
+        ask._scale.close()
+        ask._scale = None
+    result: dict[str, Any] = {"scale": spec["scale"], "modes": {}, "runs": {}}
+    for mode in spec["modes"]:
+        for q in questions[:5]:
+            ask.record(q, 10, mode)
+        times, runs = [], {}
+        for q in questions:
+            started = time.perf_counter()
+            record = ask.record(q, 10, mode)
+            times.append((time.perf_counter() - started) * 1000)
+            runs[q] = [{"chunk_id": it["chunk_id"], "file": it["file"], "offsets": it["offsets"],
+                        "tokens": it["tokens"]} for it in record["items"]]
+        times.sort()
+        result["modes"][mode] = {"p50_ms": round(statistics.median(times), 1),
+                                 "p95_ms": round(times[int(0.95 * (len(times) - 1))], 1),
+                                 "max_ms": round(times[-1], 1), "queries": len(times)}
+        result["runs"][mode] = runs
+    result["rss_mb"] = round(_rss_mb(), 1)
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    ask.close()
+    print(json.dumps(result))
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_probe(scratch: Path, out: Path, store: Path, questions: list[str], modes: Sequence[str],
+              scale: bool) -> dict[str, Any]:
+    import subprocess
+
+    spec = scratch / "probe.json"
+    spec.write_text(json.dumps({"cache": str(scratch / "embed-cache.sqlite"), "out": str(out), "store": str(store),
+                                "questions": questions, "modes": list(modes), "scale": scale}))
+    done = subprocess.run([sys.executable, __file__, "--probe", str(spec)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"probe failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def ndcg(runs: dict[str, list[dict[str, Any]]], gold: list[Any]) -> float:
+    from pipeline.evaluate.metrics import evaluate_run
+
+    report = evaluate_run(gold, {q.id: runs.get(q.question, []) for q in gold})
+    return round(100 * report.metrics["nDCG@10"], 2)
+
+
+def recall_at_10(approx: dict[str, list[dict[str, Any]]], exact: dict[str, list[dict[str, Any]]]) -> float:
+    found = total = 0
+    for q, items in exact.items():
+        want = {it["chunk_id"] for it in items[:10]}
+        got = {it["chunk_id"] for it in approx.get(q, [])[:10]}
+        found += len(want & got)
+        total += len(want)
+    return round(found / max(1, total), 4)
+
+
+def measure_size(
+    scratch: Path, corpora: dict[str, tuple[Path, Path]], gold: list[tuple[Any, Any]], originals: list[Any],
+    vectors: Any, size: int, args: argparse.Namespace,
+) -> dict[str, Any]:
+    from embed_cache import CachedEmbed  # noqa: F401  (the probe's)
+
+    from pipeline.evaluate.gold import load_gold
+    from pipeline.index.embedders import make_embedder
+    from pipeline.index.identity import embedder_config
+
+    config = embedder_config(make_embedder("default"))
+    store = scratch / f"store-{size}" / "index.sqlite"
+    store.parent.mkdir(parents=True, exist_ok=True)
+    out = next(iter(corpora.values()))[1]
+    row: dict[str, Any] = {"size": size, "load_before": os.getloadavg()}
+    row["store_build_s"] = round(build_store(store, gold, originals, vectors, size, args.seed, config), 1)
+    row |= build_scale(store)
+    sets = {name: load_gold(GOLD / GOLD_SETS[name], part) for name, (part, _) in corpora.items()}
+    every = [json.loads(line)["question"] for g in sorted(GOLD.glob("*.jsonl"))
+             for line in g.read_text().splitlines() if line.strip()]
+    questions = every[: args.queries] if args.queries else every
+    asked = list(dict.fromkeys(questions + [q.question for qs in sets.values() for q in qs]))
+    log(f"{size}: probing with the scale indexes ({len(asked)} questions)")
+    scaled = run_probe(scratch, out, store, asked, MODES, True)
+    row["scale"] = {**scaled["modes"], "rss_mb": scaled["rss_mb"], "peak_rss_mb": scaled["peak_rss_mb"]}
+    exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
+    log(f"{size}: probing the exact path ({len(exact_questions)} questions)")
+    exact = run_probe(scratch, out, store, exact_questions, MODES, False)
+    row["exact"] = {**exact["modes"], "rss_mb": exact["rss_mb"], "peak_rss_mb": exact["peak_rss_mb"]}
+    row["ann_recall@10"] = recall_at_10(scaled["runs"]["dense"], exact["runs"]["dense"])
+    row["ndcg@10"] = {
+        name: {mode: {"scale": ndcg(scaled["runs"][mode], qs), "exact": ndcg(exact["runs"][mode], qs)}
+               for mode in MODES}
+        for name, qs in sets.items()
+    }
+    row["edit"] = edit_cost(store, gold)
+    row["load_after"] = os.getloadavg()
+    log(json.dumps(row))
+    return row
+
+
+def edit_cost(store: Path, gold: list[tuple[Any, Any]]) -> dict[str, float]:
+    """One document's chunks changed (a word appended, the vector nudged) and committed the way
+    ``chunkyard index`` commits (store, then both scale indexes, no rebuild), then put back:
+    seconds for each (embedding and planning excluded: they do not depend on the index size)."""
+    import dataclasses
+
+    import numpy as np
+
+    from pipeline.index.identity import index_hash
+    from pipeline.index.rows import digest_text
+    from pipeline.index.scale import SCALE_ENV, ScaleSync
+    from pipeline.index.sqlite_store import SqliteStore
+
+    os.environ[SCALE_ENV] = "on"
+    doc = gold[0][0].source_file
+    rows = [(r, v) for r, v in gold if r.source_file == doc]
+    edited = []
+    for r, v in rows:
+        text = r.embed_text + " zanzibarian"
+        nudged = np.asarray(v, dtype=np.float32) + np.float32(0.01)
+        edited.append((dataclasses.replace(r, embed_text=text, digest=digest_text(text)),
+                       nudged / np.linalg.norm(nudged)))
+    taken: dict[str, float] = {"chunks": float(len(rows))}
+    for name, upserts in (("edit", edited), ("undo", rows)):
+        db = SqliteStore(store)
+        stored = db.meta()
+        meta = {**stored, "generation": str(int(stored["generation"]) + 1)}
+        meta["index_hash"] = index_hash("sqlite-vec", meta, [], meta["generation"])
+        sync = ScaleSync(store, int(meta["dim"]))
+        started = time.perf_counter()
+        replaced = sync.before(upserts, ())
+        db.commit(upserts, (), meta, model=meta["embed_model"])
+        committed = time.perf_counter()
+        sync.after(replaced, upserts, meta, stored)
+        done = time.perf_counter()
+        db.close()
+        assert not sync.rebuilt, sync.rebuilt
+        taken[f"{name}_store_s"] = round(committed - started, 3)
+        taken[f"{name}_scale_s"] = round(done - committed, 3)
+    return taken
+
+
+def gold_alone(scratch: Path, corpora: dict[str, tuple[Path, Path]], gold: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """Each gold set's nDCG@10 in its corpus part alone (exact search): the haystack's cost."""
+    from pipeline.evaluate.gold import load_gold
+    from pipeline.index.embedders import make_embedder
+    from pipeline.index.identity import embedder_config
+
+    config = embedder_config(make_embedder("default"))
+    found: dict[str, Any] = {}
+    for name, (part, out) in corpora.items():
+        rows = [(r, v) for r, v in gold if r.file and (out / r.file).exists()]
+        store = scratch / f"alone-{name}" / "index.sqlite"
+        store.parent.mkdir(parents=True, exist_ok=True)
+        build_store(store, rows, [], None, len(rows), 0, config)
+        qs = load_gold(GOLD / GOLD_SETS[name], part)
+        exact = run_probe(scratch, out, store, [q.question for q in qs], MODES, False)
+        found[name] = {mode: ndcg(exact["runs"][mode], qs) for mode in MODES}
+    return found
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def prepare(
+    scratch: Path, distinct: int, names: Sequence[str]
+) -> tuple[dict[str, tuple[Path, Path]], list[tuple[Any, Any]], list[Any], Any]:
+    """The gold corpora, their rows with real vectors, the haystack's originals and their vectors."""
+    import numpy as np
+
+    corpora = gold_corpora(scratch, names)
+    gold_rows = [row for _, out in corpora.values() for row in chunk_rows(out)]
+    originals = haystack_originals(scratch, distinct)
+    embed = embedder(scratch)
+    log(f"embedding {len(gold_rows)} gold chunks and {len(originals)} originals (cached ones are free)")
+    started = time.perf_counter()
+    texts = [r.embed_text for r in gold_rows] + [r.embed_text for r in originals]
+    vectors = np.asarray(embed(texts), dtype=np.float32)
+    log(f"embedded in {time.perf_counter() - started:.0f} s ({embed.misses} new)")
+    gold = list(zip(gold_rows, vectors[: len(gold_rows)], strict=True))
+    return corpora, gold, originals, vectors[len(gold_rows) :]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[100_000])
+    parser.add_argument("--keep", type=Path, help="build (or re-use) chunks, vectors and stores here")
+    parser.add_argument("--distinct", type=int, default=1000, help="haystack originals (each embedded once)")
+    parser.add_argument("--gold", nargs="+", default=["rust-book"], choices=sorted(GOLD_SETS),
+                        help="gold sets inside the haystack (every chunk of each is embedded)")
+    parser.add_argument("--queries", type=int, default=0, help="questions per gold set (0: all)")
+    parser.add_argument("--exact-max", type=int, default=200_000, help="largest size the exact path is timed at")
+    parser.add_argument("--seed", type=int, default=31)
+    parser.add_argument("--prepare-only", action="store_true", help="chunk and embed, then stop")
+    parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        probe(args.probe)
+        return
+    scratch = args.keep or Path(tempfile.mkdtemp(prefix="bench-search-scale-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        corpora, gold, originals, vectors = prepare(scratch, args.distinct, args.gold)
+        if args.prepare_only:
+            return
+        alone = gold_alone(scratch, corpora, gold)
+        log(f"gold sets alone: {alone}")
+        results = [measure_size(scratch, corpora, gold, originals, vectors, size, args) for size in args.sizes]
+        print(json.dumps({"load": os.getloadavg(), "gold_alone_ndcg@10": alone, "sizes": results}, indent=2))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

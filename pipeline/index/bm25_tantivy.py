@@ -1,0 +1,223 @@
+"""BM25 that prunes: a Tantivy index beside the SQLite store (extra ``scale``).
+
+FTS5 scores every row that holds any query word; Tantivy's BlockMax-WAND skips the blocks
+of postings that cannot reach the current top k, so a query costs about its top k, not its
+matches. The SQLite store stays the truth: its FTS5 table is still written (the exact path,
+the fallback), and this index is derived from it and keyed to it:
+
+- **Documents** are the store's ``chunks`` rows: the integer ``row`` (the row's SQLite
+  ``rowid``: a fast field, read back without loading documents) and ``body``, the row's
+  tokens from FTS5's own tokenizer (``pipeline.index.fts_tokens``) joined by spaces and
+  indexed with Tantivy's ``whitespace`` tokenizer: the same terms as the FTS5 table.
+- **Queries** are ``analyzer.query_terms``: each term's tokens a term query (one token) or
+  a phrase query (several), all SHOULD clauses of one boolean query, so the OR of FTS5's
+  query is kept and Tantivy runs BlockMax-WAND over the term clauses.
+- **Scores** are Tantivy's BM25 (Lucene's): ``idf = ln(1 + (N - n + 0.5) / (n + 0.5))``,
+  ``k1 = 1.2``, ``b = 0.75``, the document length quantised to one byte (Lucene's
+  ``SmallFloat`` code), ``avgdl`` the mean token count. FTS5's ``bm25()`` uses
+  ``ln((N - n + 0.5) / (n + 0.5))`` (floored near 0) and exact lengths, so the two rankings
+  differ a little (``docs/benchmarks.md`` gives the gold sets' nDCG both ways). Deleted
+  documents count in ``N``, ``n`` and ``avgdl`` until their segment is merged, as in
+  Lucene: scores drift from a fresh build's by a little; once the rows deleted since the
+  last build pass ``REBUILD_RATIO`` of the index, the next run rebuilds it.
+- **Freshness**: ``state.json`` inside the folder names the store ``generation`` the index
+  reflects; it is replaced (atomically) only after Tantivy's own commit. A reader uses the
+  index only when that generation equals the store's; otherwise the store's FTS5 answers.
+  A rebuild goes to ``<folder>.new`` and is swapped in by renames, so a SIGKILL at any
+  point leaves either the previous index or none (then FTS5 answers) and never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.errors import UsageError
+from pipeline.index.fts_tokens import Fts5Tokens
+
+STATE = "state.json"
+SUFFIX = ".tantivy"  #: the folder beside the store: ``index.sqlite.tantivy``
+WRITER_HEAP = 64_000_000  #: bytes of Tantivy's indexing buffer (one thread)
+#: Rows deleted (or replaced) since the last build, as a share of the index, past which a
+#: run rebuilds instead of updating (the statistics of deleted documents stop counting).
+REBUILD_RATIO = 0.1
+
+
+def _tantivy() -> Any:
+    try:
+        import tantivy
+    except ImportError:
+        raise UsageError(
+            "the scale BM25 index needs tantivy (hint: pip install 'chunkyard[scale]')"
+        ) from None
+    return tantivy
+
+
+def folder_for(store_path: Path) -> Path:
+    """Where the BM25 index of the store at ``store_path`` lives."""
+    return store_path.with_name(store_path.name + SUFFIX)
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """The folder's ``state.json`` (empty when absent or unreadable: treated as stale)."""
+    try:
+        data = orjson.loads((folder / STATE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_state(folder: Path, state: dict[str, Any]) -> None:
+    """Replace ``state.json`` in one step (write beside it, fsync, rename)."""
+    tmp = folder / (STATE + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(orjson.dumps(state))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, folder / STATE)
+
+
+def _schema(tantivy: Any) -> Any:
+    builder = tantivy.SchemaBuilder()
+    builder.add_integer_field("row", stored=False, indexed=True, fast=True)
+    builder.add_text_field("body", stored=False, tokenizer_name="whitespace", index_option="position")
+    return builder.build()
+
+
+class TantivyBm25:
+    """The BM25 index in ``folder``: write with ``apply`` / ``rebuild``, read with ``search``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._tantivy = _tantivy()
+        self._schema = _schema(self._tantivy)
+        self._tokens = Fts5Tokens()
+        self._index: Any = None
+        self._searcher: Any = None
+        self._generation: str | None = None
+
+    # --- reading --------------------------------------------------------------------------
+
+    def generation(self) -> str | None:
+        """The store generation this index reflects (``None``: no index, or never finished)."""
+        if not (self.folder / "meta.json").exists():
+            return None
+        value = read_state(self.folder).get("generation")
+        return None if value is None else str(value)
+
+    def _open(self) -> Any:
+        generation = self.generation()
+        if self._index is None:
+            self._index = self._tantivy.Index.open(str(self.folder))
+        if self._searcher is None or generation != self._generation:
+            self._index.reload()
+            self._searcher = self._index.searcher()
+            self._generation = generation
+        return self._searcher
+
+    def query(self, terms: Sequence[str]) -> Any:
+        """The boolean OR of the terms (each a term or a phrase of FTS5 tokens); ``None``: no token."""
+        tantivy = self._tantivy
+        clauses = []
+        for term in terms:
+            tokens = self._tokens.query(term)
+            if len(tokens) == 1:
+                clauses.append(
+                    (tantivy.Occur.Should, tantivy.Query.term_query(self._schema, "body", tokens[0]))
+                )
+            elif tokens:
+                clauses.append(
+                    (tantivy.Occur.Should, tantivy.Query.phrase_query(self._schema, "body", tokens))
+                )
+        return tantivy.Query.boolean_query(clauses) if clauses else None
+
+    def search(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
+        """``(rowid, BM25 score)`` of the ``k`` best rows, best first (ties in Tantivy's order)."""
+        query = self.query(terms)
+        if query is None or k <= 0:
+            return []
+        searcher = self._open()
+        hits = searcher.search(query, k, count=False).hits
+        rows = searcher.fast_field_values("row", [address for _, address in hits])
+        return [
+            (int(row), float(score)) for (score, _), row in zip(hits, rows, strict=True) if row is not None
+        ]
+
+    def worn(self) -> bool:
+        """More rows deleted since the last build than ``REBUILD_RATIO`` of the index."""
+        state = read_state(self.folder)
+        return int(state.get("deleted", 0)) > REBUILD_RATIO * max(1, int(state.get("chunks", 0)))
+
+    def count(self) -> int:
+        """Live documents in the index."""
+        return int(self._open().num_docs)
+
+    # --- writing --------------------------------------------------------------------------
+
+    def _document(self, rowid: int, text: str) -> Any:
+        doc = self._tantivy.Document()
+        doc.add_integer("row", int(rowid))
+        doc.add_text("body", " ".join(self._tokens.document(text)))
+        return doc
+
+    def apply(
+        self, removed: Iterable[int], added: Iterable[tuple[int, str]], generation: str, *, chunks: int
+    ) -> None:
+        """Drop the rows ``removed``, add ``added`` (rowid, ``embedText``), then commit and
+        record ``generation`` (after Tantivy's commit: a crash in between leaves it stale)."""
+        deleted = int(read_state(self.folder).get("deleted", 0))
+        index = self._tantivy.Index.open(str(self.folder))
+        writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        try:
+            for rowid in removed:
+                writer.delete_documents_by_term("row", int(rowid))
+                deleted += 1
+            for rowid, text in added:
+                writer.add_document(self._document(rowid, text))
+            writer.commit()
+        except BaseException:
+            writer.rollback()
+            raise
+        writer.wait_merging_threads()
+        write_state(self.folder, {"generation": generation, "chunks": chunks, "deleted": deleted})
+        self._index = self._searcher = None
+
+    def rebuild(self, rows: Iterable[tuple[int, str]], generation: str, *, chunks: int) -> None:
+        """A new index of ``rows`` (rowid, ``embedText``) in ``<folder>.new``, swapped in when whole."""
+        fresh = self.folder.with_name(self.folder.name + ".new")
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir(parents=True)
+        index = self._tantivy.Index(self._schema, path=str(fresh))
+        writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
+        for rowid, text in rows:
+            writer.add_document(self._document(rowid, text))
+        writer.commit()
+        writer.wait_merging_threads()
+        write_state(fresh, {"generation": generation, "chunks": chunks, "deleted": 0})
+        swap_in(fresh, self.folder)
+        self._index = self._searcher = None
+
+    def close(self) -> None:
+        self._index = self._searcher = None
+        self._tokens.close()
+
+
+def swap_in(fresh: Path, folder: Path) -> None:
+    """Replace ``folder`` by ``fresh``: the old one is renamed away first, removed last."""
+    old = folder.with_name(folder.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(fresh, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove(folder: Path) -> None:
+    """Delete the index (and any leftover of an interrupted rebuild)."""
+    for path in (folder, folder.with_name(folder.name + ".new"), folder.with_name(folder.name + ".old")):
+        shutil.rmtree(path, ignore_errors=True)
