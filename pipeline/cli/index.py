@@ -51,6 +51,14 @@ def index_cmd(
     rebuild: Annotated[
         bool, typer.Option("--rebuild", help="Build a new index (e.g. another --embedder) and swap it in.")
     ] = False,
+    lang: Annotated[
+        str | None,
+        typer.Option(
+            "--lang",
+            help="The corpus's language, for a new index or --rebuild: zh, ja, ko (CJK bigram analyzer, "
+            "multilingual embedder when installed), en…; default auto: detected from the chunks.",
+        ),
+    ] = None,
     wait: WaitOpt = True,
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
@@ -83,6 +91,7 @@ def index_cmd(
                 wait=wait,
                 on_progress=on_progress,
                 on_wait=on_wait,
+                lang=lang,
             )
     except IndexMismatchError as exc:
         raise _mismatch(exc, json_out) from None
@@ -118,6 +127,11 @@ def index_cmd(
             f"[yellow]{report.truncated} chunk(s) exceed the embedder's window of {report.max_tokens} "
             "wordpieces: only their beginning is embedded[/]"
         )
+    out_console.print(
+        f"embedder {escape(report.embed_model)}: {escape(report.embedder_reason)}; "
+        f"analyzer {escape(report.analyzer)}: {escape(report.analyzer_reason)}",
+        highlight=False,
+    )
     out_console.print(
         f"{escape(report.store)} · {escape(report.embed_model)} · index_hash {escape(report.index_hash)} "
         f"· {report.seconds:.2f} s",

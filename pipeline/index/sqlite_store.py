@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, analyze, fts5_query
+from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, fts5_query
+from pipeline.index.analyzers import analysis
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
@@ -112,6 +113,17 @@ class SqliteStore:
             )
         except apsw.Error as exc:
             raise StoreError(f"{self.path}: cannot set up the index ({exc})") from None
+        #: the index's own analyzer (a new index: the default, until a run chooses another)
+        self.analyzer = self.meta().get("analyzer") or ANALYZER
+
+    def _analyze(self, text: str) -> str:
+        """``text`` as the full-text index gets it, by the index's analyzer (runs check it is known)."""
+        found = analysis(self.analyzer, ANALYZER)
+        if found is None:
+            raise StoreError(
+                f"{self.path}: unknown BM25 analyzer {self.analyzer!r} (hint: rebuild with --rebuild)"
+            )
+        return found.analyze(text)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -358,7 +370,9 @@ class SqliteStore:
         self._drop(row.chunk_id, keep_vector=vector is None)
         self._conn.execute(_INSERT, (*(getattr(row, c) for c in _INSERTED), row.to_json()))
         rowid = self._conn.last_insert_rowid()
-        self._conn.execute("INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, analyze(row.embed_text)))
+        self._conn.execute(
+            "INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, self._analyze(row.embed_text))
+        )
         if vector is not None:
             self._conn.execute(
                 "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",

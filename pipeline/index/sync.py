@@ -39,6 +39,7 @@ from pipeline.index.identity import (
     rebuild_hint,
     summarize,
 )
+from pipeline.index.language import Choice, choose, embedder_for, require
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.scale import scale_sync, settle_scale
@@ -82,6 +83,9 @@ class IndexReport:
     fixed: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    analyzer: str = ""  #: the BM25 analyzer the index reads and writes with
+    analyzer_reason: str = ""  #: why that one (``--lang``, the index's own, or detected)
+    embedder_reason: str = ""  #: why that embedder (``--embedder``, the index's own, or the language)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +102,7 @@ def index(
     on_progress: Progress | None = None,
     on_wait: Callable[[str], None] | None = None,
     executor: EmbedExecutor | None = None,
+    lang: str | None = None,
 ) -> IndexReport:
     """Bring the index of the chunk folder ``out`` up to date with its change feed.
 
@@ -110,6 +115,8 @@ def index(
         rebuild: build a new index beside the old one (another embedder, say) and swap it in.
         wait: wait for another run holding the store's lock (else fail at once).
         executor: where texts are embedded (default: in this process, batch after batch).
+        lang: ``--lang``: the corpus's language, which picks the BM25 analyzer of a new index
+            (``None`` or ``auto``: the index's own, else detected; ``pipeline.index.language``).
 
     Raises:
         IndexMismatchError: the embedder or analyzer differs from the index's.
@@ -122,9 +129,17 @@ def index(
     kind, path = store_spec(out, store)
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
-            return _rebuild(out, store, kind, path, embedder, on_progress, executor)
+            return _rebuild(out, store, kind, path, embedder, on_progress, executor, lang)
         return _run(
-            out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, executor=executor
+            out,
+            store,
+            kind,
+            path,
+            embedder,
+            reconcile=reconcile,
+            on_progress=on_progress,
+            executor=executor,
+            lang=lang,
         )
 
 
@@ -138,16 +153,27 @@ def _run(
     reconcile: bool,
     on_progress: Progress | None,
     executor: EmbedExecutor | None = None,
+    lang: str | None = None,
 ) -> IndexReport:
-    """One run on the store at ``path``: plan, embed what is new, commit (module docstring)."""
+    """One run on the store at ``path``: plan, embed what is new, commit (module docstring).
+    The analyzer and, for a new index, the embedder follow the language (``pipeline.index.language``)."""
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
+    store_hint = str(store_arg) if store_arg else None
+    language = choose(out, lang, stored, analyzer_of(kind), hint=rebuild_hint(str(out), store_hint, None))
+    embedder, embedder_reason = _embedder_choice(embedder, stored, language)
     embedder, spec = _embedder(embedder, stored)
-    wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
+    wanted = {**embedder_config(embedder), "analyzer": language.analyzer}
+    require(
+        language.analyzer, analyzer_of(kind), where=str(path), hint=rebuild_hint(str(out), store_hint, spec)
+    )
     _check_follows(out, store_arg, path, stored, wanted, spec)
     db = open_at(kind, path, dim=embedder.dim)
+    db.analyzer = language.analyzer
     try:
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
+        report.analyzer, report.analyzer_reason = language.analyzer, language.reason
+        report.embedder_reason = embedder_reason
         report.reconcile = reconcile
         plan = _plan(out, db, stored, report)
         if on_progress:
@@ -282,6 +308,15 @@ def _embedder(embedder: Any, stored: dict[str, str]) -> tuple[Any, str]:
     return make_embedder(spec), spec
 
 
+def _embedder_choice(embedder: Any, stored: dict[str, str], language: Choice) -> tuple[Any, str]:
+    """``embedder`` (or the index's own) and why; for a new index without one, the language's."""
+    if embedder is not None:
+        return embedder, "--embedder"
+    if stored.get("embed_spec"):
+        return None, "the index's own"
+    return embedder_for(language)
+
+
 def _state_of(row: ChunkRow) -> RowState:
     return RowState(row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash)
 
@@ -337,15 +372,25 @@ def _rebuild(
     embedder: Any,
     on_progress: Progress | None,
     executor: EmbedExecutor | None,
+    lang: str | None = None,
 ) -> IndexReport:
-    """A fresh index built beside the old one, then swapped in: the old stays searchable until then."""
+    """A fresh index built beside the old one, then swapped in: the old stays searchable until then.
+    Its analyzer is chosen afresh (``lang``, else detected), as for a new index."""
     if embedder is None:  # the same embedder as before: a rebuild from scratch
         embedder = _stored_meta(kind, path).get("embed_spec") or None
     report = rebuild_beside(
         kind,
         path,
         lambda fresh: _run(
-            out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, executor=executor
+            out,
+            store_arg,
+            kind,
+            fresh,
+            embedder,
+            reconcile=False,
+            on_progress=on_progress,
+            executor=executor,
+            lang=lang,
         ),
     )
     settle_scale(kind, path, report)  # the scale indexes follow the swapped-in store
