@@ -12,6 +12,7 @@ import string
 from pathlib import Path
 
 import pytest
+from index_support import copy_sample, run_ingest
 
 from pipeline.index import analyzer as chars
 from pipeline.index import cjk
@@ -20,7 +21,6 @@ from pipeline.index.language import cjk_share, detect, is_cjk_code
 from pipeline.index.query import Searcher
 from pipeline.index.sync import index
 from pipeline.index.vector_store import IndexMismatchError
-from tests.index_support import copy_sample, run_ingest
 
 pytest.importorskip("sqlite_vec")
 

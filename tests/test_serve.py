@@ -17,8 +17,7 @@ from urllib.parse import quote
 
 import anyio
 import pytest
-
-from tests.serve_support import (
+from serve_support import (
     CHUNKYARD,
     Client,
     gold_questions,

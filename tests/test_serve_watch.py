@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tests.index_support import chunk_state, run_ingest, store_state
-from tests.serve_support import (
+from index_support import chunk_state, run_ingest, store_state
+from serve_support import (
     CHUNKYARD,
     Client,
     free_port,
@@ -187,7 +187,7 @@ def test_queries_through_open_index_go_on_during_a_full_rebuild(tmp_path: Path) 
 def test_serve_watch_builds_chunks_and_index_from_nothing(tmp_path: Path) -> None:
     """A new chunk folder: health answers at once, search says ``no_index`` (503) until the
     writer's first sync is indexed, then answers from it."""
-    from tests.serve_support import copy_subset, need_corpus
+    from serve_support import copy_subset, need_corpus
 
     need_corpus()
     corpus = copy_subset(tmp_path / "corpus")
