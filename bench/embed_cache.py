@@ -44,17 +44,25 @@ class CachedEmbed:
         self.misses = 0
         self.seconds = 0.0
 
-    def key(self, text: str) -> bytes:
-        """The row key of ``text`` under this model."""
-        return hashlib.sha256(self.name.encode() + b"\0" + text.encode()).digest()
+    def key(self, text: str, side: str = "") -> bytes:
+        """The row key of ``text`` under this model (``side`` ``query``: as a query, for models
+        that embed queries apart, such as E5's ``query: `` prefix)."""
+        name = self.name + (f"\0{side}" if side else "")
+        return hashlib.sha256(name.encode() + b"\0" + text.encode()).digest()
 
     def embed(self, texts: Sequence[str]) -> Any:
         """The ``Embedder`` method: the same as calling the cache."""
         return self(texts)
 
-    def __call__(self, texts: Sequence[str]) -> Any:
+    def embed_query(self, texts: Sequence[str]) -> Any:
+        """Queries: the model's ``embed_query`` when it has one (cached apart), else ``embed``."""
+        if not hasattr(self.model, "embed_query"):
+            return self(texts)
+        return self(texts, side="query")
+
+    def __call__(self, texts: Sequence[str], side: str = "") -> Any:
         np = self.np
-        keys = [self.key(t) for t in texts]
+        keys = [self.key(t, side) for t in texts]
         found: dict[bytes, Any] = {}
         unique = list(dict.fromkeys(keys))
         for i in range(0, len(unique), LOOKUP):
@@ -72,7 +80,8 @@ class CachedEmbed:
         started = time.perf_counter()
         for i in range(0, len(todo), BATCH):
             part = todo[i : i + BATCH]
-            vectors = np.asarray(self.model.embed([t for _, t in part]), dtype=np.float32)
+            model_embed = self.model.embed_query if side == "query" else self.model.embed
+            vectors = np.asarray(model_embed([t for _, t in part]), dtype=np.float32)
             rows = [(key, vec.tobytes()) for (key, _), vec in zip(part, vectors, strict=True)]
             self.db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?)", rows)
             self.db.commit()

@@ -1,6 +1,7 @@
 """``make bench-retrieval``: chunkyard's chunks against its peers', same retriever, same relevance rule.
 
-    python bench/retrieval.py [--corpora rust-book,fastapi-en,powershell-docs] [--chunkers a,b] [--k 50]
+    python bench/retrieval.py [--corpora rust-book,fastapi-en,powershell-docs,d2l-zh,fastapi-zh-ja]
+        [--chunkers a,b] [--k 50] [--embedder e5] [--lang cjk|jieba|words]
 
 For each corpus with a gold set in ``bench/gold/<corpus>.jsonl``: every chunker of
 ``retrieval_peers`` chunks the corpus, one retriever indexes each chunk list, every
@@ -49,7 +50,12 @@ from pipeline.stages.tokens import Counter as TokenCounter
 CORPORA = REPO.parent / "shared" / "corpora"
 GOLD = HERE / "gold"
 RESULTS = HERE / "results"
-DEFAULT_CORPORA = "rust-book,fastapi-en,powershell-docs"
+DEFAULT_CORPORA = "rust-book,fastapi-en,powershell-docs,d2l-zh,fastapi-zh-ja"
+#: The CJK sets' cut (``--max-bytes`` overrides; others 1.6 MB): the documents the questions cite
+#: plus distractors, as measured for issue 33 (embedding CJK text is slow on a shared small CPU).
+MAX_BYTES = {"d2l-zh": 1_200_000, "fastapi-zh-ja": 700_000}
+#: Corpora whose stand-in BM25 cuts CJK text into bigrams (``--lang`` overrides).
+CJK_CORPORA = {"d2l-zh": "cjk", "fastapi-zh-ja": "cjk"}
 RRF_K = 60
 POOL = 50
 COLUMNS = ("recall@1", "recall@5", "recall@10", "MRR@10", "nDCG@10", "recall@1000tok", "recall@2000tok")
@@ -76,16 +82,43 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+def cjk_words(text: str) -> list[str]:
+    """The BM25 analyzer for CJK corpora (``--lang``): ``words`` with every run of CJK characters
+    cut into its overlapping bigrams, as chunkyard's CJK analyzer cuts it (``pipeline.index.cjk``),
+    so that every chunker's chunks are searched as chunkyard's are."""
+    from pipeline.index.cjk import analyze
+
+    return _WORD.findall(analyze(text.lower()))
+
+
+def jieba_words(text: str) -> list[str]:
+    """The BM25 analyzer with a Chinese word segmenter (``--lang jieba``; ``pip install jieba``):
+    jieba's search-engine mode cuts the text into words and their sub-words."""
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    return [w for w in (w.strip() for w in jieba.cut_for_search(text.lower())) if w and _WORD.fullmatch(w)]
+
+
+ANALYZERS = {"": words, "words": words, "cjk": cjk_words, "jieba": jieba_words}
+
+
 class MemoryRetriever:
     """BM25 + optional dense + RRF over one chunk list, in memory (the bench's stand-in for issue 16)."""
 
-    def __init__(self, chunks: Sequence[EvalChunk], embed: Embed | None = None, fusion: str = "rrf") -> None:
+    def __init__(
+        self, chunks: Sequence[EvalChunk], embed: Embed | None = None, fusion: str = "rrf",
+        analyzer: Callable[[str], list[str]] = words,
+    ) -> None:
         self.chunks = list(chunks)
+        self.words = analyzer
         self.fusion = fusion  #: hybrid: ``rrf`` (k = 60) or ``zscore`` (chunkyard search's default since issue 17)
         self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self.lengths = []
         for i, chunk in enumerate(self.chunks):
-            terms = words(chunk.embed)
+            terms = self.words(chunk.embed)
             self.lengths.append(len(terms))
             for term, tf in Counter(terms).items():
                 self.postings[term].append((i, tf))
@@ -97,7 +130,7 @@ class MemoryRetriever:
     def bm25(self, query: str, k1: float = 1.2, b: float = 0.75) -> list[tuple[int, float]]:
         n = len(self.chunks)
         scores: dict[int, float] = defaultdict(float)
-        for term in set(words(query)):
+        for term in set(self.words(query)):
             posting = self.postings.get(term, [])
             idf = math.log((n - len(posting) + 0.5) / (len(posting) + 0.5) + 1.0)
             for i, tf in posting:
@@ -107,7 +140,7 @@ class MemoryRetriever:
 
     def dense(self, query: str) -> list[tuple[int, float]]:
         assert self.embed is not None and self.vectors is not None
-        sims = self.vectors @ self.embed([query])[0]
+        sims = self.vectors @ getattr(self.embed, "embed_query", self.embed)([query])[0]
         return self._top(enumerate(sims.tolist()))
 
     def _top(self, scored: Any, limit: int = POOL) -> list[tuple[int, float]]:
@@ -134,13 +167,14 @@ class MemoryRetriever:
         return [{**self.chunks[i].as_item(), "score": s} for i, s in ranked[:k]]
 
 
-def default_embedder(cache: Path | None = None) -> Embed | None:
-    """Issue 16's default embedder (all-MiniLM-L6-v2 int8 ONNX) behind the on-disk cache
-    (``embed_cache``), when the ``embed`` extra is installed; else None (BM25 only)."""
+def default_embedder(cache: Path | None = None, spec: str | None = None) -> Embed | None:
+    """Issue 16's default embedder (all-MiniLM-L6-v2 int8 ONNX), or the one ``spec`` names
+    (``--embedder e5``), behind the on-disk cache (``embed_cache``), when its extra is
+    installed; else None (BM25 only)."""
     try:
         from pipeline.index.embedders import make_embedder
 
-        model = make_embedder(None)
+        model = make_embedder(spec)
         model.embed(["warm up"])  # a missing package shows here, not after the first chunker
     except (ImportError, PipelineError) as exc:  # the extra is missing: BM25 only
         print(f"  dense/hybrid skipped: no embedder ({exc})", file=sys.stderr)
@@ -296,14 +330,19 @@ def main() -> None:
     ap.add_argument("--no-dense", action="store_true", help="BM25 only, even when an embedder is available")
     ap.add_argument("--fusion", default="rrf", choices=("rrf", "zscore"),
                     help="the stand-in's hybrid fusion for every chunker (chunkyard search: zscore)")
-    ap.add_argument("--max-bytes", type=int, default=1_600_000,
+    ap.add_argument("--embedder", default=None, help="embedder spec for every chunker (default: the default model)")
+    ap.add_argument("--lang", default="", choices=("", "words", "cjk", "jieba"),
+                    help="the stand-in's BM25 analyzer: cjk cuts CJK runs into bigrams, as chunkyard does for CJK "
+                    "corpora; jieba segments Chinese words; words: \\w+ runs (default: cjk for d2l-zh and "
+                    "fastapi-zh-ja, else words)")
+    ap.add_argument("--max-bytes", type=int, default=None,
                     help="a larger corpus is cut to the gold set's documents plus others up to this size")
     args = ap.parse_args()
 
     from retrieval_peers import chunk_sets
     from retrieval_variants import variant_searches
 
-    embed = None if args.no_dense else default_embedder()
+    embed = None if args.no_dense else default_embedder(spec=args.embedder)
     RESULTS.mkdir(parents=True, exist_ok=True)
     scratch = RESULTS / "retrieval-chunks"
     report = []
@@ -312,7 +351,8 @@ def main() -> None:
         if not root.is_dir() or not gold_path.is_file():
             print(f"{corpus}: skipped (no corpus at {root} or no gold set at {gold_path})", file=sys.stderr)
             continue
-        root = bench_corpus(root, gold_path, args.max_bytes, RESULTS / "corpora")
+        max_bytes = args.max_bytes or MAX_BYTES.get(corpus, 1_600_000)
+        root = bench_corpus(root, gold_path, max_bytes, RESULTS / "corpora")
         gold = load_gold(gold_path, root)
         started = time.perf_counter()
         sets, recovery, dirs = chunk_sets(root, scratch, [c for c in args.chunkers.split(",") if c] or None)
@@ -325,7 +365,10 @@ def main() -> None:
             made.update(variant_searches(names, built, sets, dirs, embed, count))
             return made  # type: ignore[no-any-return]
 
-        results = evaluate_chunkers(gold, sets, lambda chunks: MemoryRetriever(chunks, embed, args.fusion), args.k, variants)
+        analyzer = ANALYZERS[args.lang or CJK_CORPORA.get(corpus, "words")]
+        results = evaluate_chunkers(
+            gold, sets, lambda chunks, a=analyzer: MemoryRetriever(chunks, embed, args.fusion, a), args.k, variants
+        )
         stats = {name: chunk_stats(chunks) for name, chunks in sets.items()}
         stats.update({name: stats[base] for name, (base, _) in made.items()})
         text = table(corpus, results, stats) + "\n" + paired_table(results, args.ours)
@@ -337,6 +380,7 @@ def main() -> None:
         (RESULTS / f"retrieval-{corpus}{args.tag}.json").write_text(json.dumps({
             "corpus": corpus, "questions": len(gold), "seconds": round(time.perf_counter() - started, 1),
             "retriever": "MemoryRetriever (BM25 k1=1.2 b=0.75" + (", dense, RRF k=60)" if embed else ")"),
+            "embedder": getattr(embed, "name", None), "analyzer": analyzer.__name__,
             "chunks": stats, "offset_recovery": recovery,
             "metrics": {n: {m: {"metrics": r.metrics, "strict": r.strict} for m, r in res.items()}
                         for n, res in results.items()},

@@ -13,7 +13,8 @@ embeds only what it adds:
   chunks), ``expand<B>`` (plain search, then growth into unranked neighbours too),
   ``rrf<K>`` (reciprocal rank fusion with constant K instead of the default z-score fusion), ``wd<W>`` (dense weight in tenths, BM25 weight 1),
   ``section`` (passages kept inside the hit's section instead of growing across headings
-  within its document), and
+  within its document), ``lang<code>`` (the index built with ``--lang <code>``: ``langen`` the
+  default analyzer, ``langzh`` the CJK bigrams; without it the language is detected), and
   ``@<set>`` at the end another chunk set (``search+merge512@chunkyard-256``).
 - ``<set>+merge<B>``: the same, growing only into neighbours that the search ranked too
   (adjacent hits merge into one passage; no budget spent on unranked text).
@@ -153,17 +154,22 @@ class IndexSearch:
 
     modes: tuple[str, ...] = ("bm25", "dense", "hybrid")
 
-    def __init__(self, chunk_dir: Path, embed: Any, options: Mapping[str, Any], grow: int = 0) -> None:
+    def __init__(
+        self, chunk_dir: Path, embed: Any, options: Mapping[str, Any], grow: int = 0, lang: str | None = None
+    ) -> None:
         from pipeline.evaluate.run import prompt_search
         from pipeline.index.query import Searcher
         from pipeline.index.sync import index
 
-        report = index(chunk_dir, embedder=embed)
+        # one index per embedder and language, so that runs with another --embedder or +lang coexist
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{embed.name}-{lang or 'auto'}")
+        store = str(chunk_dir / ".chunkyard" / f"index-{slug}.sqlite")
+        report = index(chunk_dir, store, embedder=embed, lang=lang)
         print(f"    index: {report}"[:300], file=sys.stderr)
         from pipeline.audit.chunk_state import open_store
 
         corpus = open_store(chunk_dir).corpus
-        self.searcher = Searcher(chunk_dir, embedder=embed, corpus=corpus, **options)
+        self.searcher = Searcher(chunk_dir, store, embedder=embed, corpus=corpus, **options)
         # the prompt's view: tokens counted again in cl100k; ``grow``: into unranked neighbours too
         self.search = prompt_search(self.searcher, chunk_dir, corpus, grow, ranked_only=False)
 
@@ -172,13 +178,17 @@ class IndexSearch:
 
 
 def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
-    """``merge768+rrf30@chunkyard-256`` → (Searcher options, unranked growth, chunk set); None if malformed."""
+    """``merge768+rrf30@chunkyard-256`` → (Searcher options, unranked growth, chunk set); None if malformed.
+    ``lang<code>`` (``langen``, ``langzh``) goes into the options as ``lang`` (the index's ``--lang``)."""
     rest, _, source = rest.partition("@")
     options: dict[str, Any] = {}
     grow = 0
     for part in [p for p in rest.split("+") if p]:
         if part == "section":  # passages kept inside the hit's section (the default before they crossed headings)
             options["passage_scope"] = "section"
+            continue
+        if part.startswith("lang") and part[4:].isalpha():
+            options["lang"] = part[4:]
             continue
         m = re.fullmatch(r"(merge|expand|rrf|wd)(\d+)", part)
         if m is None:
@@ -210,8 +220,9 @@ def variant_searches(
             if parsed is None or source not in chunk_dirs or embed is None:
                 print(f"  {name}: skipped (malformed, or needs the {source} set and an embedder)", file=sys.stderr)
                 continue
-            options, grow = parsed[0], parsed[1]
-            out[name] = (source, lambda d=chunk_dirs[source], o=options, g=grow: IndexSearch(d, embed, o, g))
+            options, grow = dict(parsed[0]), parsed[1]
+            lang = options.pop("lang", None)
+            out[name] = (source, lambda d=chunk_dirs[source], o=options, g=grow, la=lang: IndexSearch(d, embed, o, g, la))
             continue
         if base not in built:
             print(f"  {name}: skipped (no chunk set {base})", file=sys.stderr)

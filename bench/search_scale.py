@@ -223,7 +223,7 @@ def build_store(
 def build_scale(path: Path) -> dict[str, float]:
     """Both scale indexes built from the store, as ``chunkyard index`` builds them."""
     from pipeline.index import ann, bm25_tantivy
-    from pipeline.index.scale import SCALE_ENV, ScaleSync
+    from pipeline.index.scale import SCALE_ENV, ScaleSync, stamp
     from pipeline.index.sqlite_store import SqliteStore
 
     db = SqliteStore(path)
@@ -232,7 +232,7 @@ def build_scale(path: Path) -> dict[str, float]:
     taken: dict[str, float] = {}
     os.environ[SCALE_ENV] = "on"
     sync = ScaleSync(path, int(meta["dim"]))
-    if bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(path)).generation() != meta["generation"]:
+    if bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(path)).generation() != stamp(meta):
         started = time.perf_counter()
         bm25_tantivy.remove(bm25_tantivy.folder_for(path))
         ann.HnswIndex(path, int(meta["dim"])).remove()
@@ -425,6 +425,41 @@ def gold_alone(scratch: Path, corpora: dict[str, tuple[Path, Path]], gold: list[
     return found
 
 
+def bm25_gold_sets(scratch: Path) -> dict[str, Any]:
+    """Each gold set's BM25 nDCG@10 in its corpus alone, FTS5's ``bm25()`` against Tantivy's
+    (no vectors needed: the rows carry a constant vector nothing reads)."""
+    import numpy as np
+
+    from pipeline.evaluate.gold import load_gold
+    from pipeline.index import bm25_tantivy
+    from pipeline.index.embedders import make_embedder
+    from pipeline.index.identity import embedder_config
+    from pipeline.index.scale_reader import StoreReader
+
+    config = embedder_config(make_embedder("default"))
+    unit = np.zeros(int(config["dim"]), dtype=np.float32)
+    unit[0] = 1.0
+    found: dict[str, Any] = {}
+    for name, (part, out) in gold_corpora(scratch, sorted(GOLD_SETS)).items():
+        rows = [(r, unit) for r in chunk_rows(out)]
+        store = scratch / f"bm25-{name}" / "index.sqlite"
+        store.parent.mkdir(parents=True, exist_ok=True)
+        build_store(store, rows, [], None, len(rows), 0, config)
+        reader = StoreReader(store)
+        lexical = bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(store))
+        lexical.rebuild(reader.texts(), reader.generation(), chunks=len(rows))
+        lexical.close()
+        reader.close()
+        qs = load_gold(GOLD / GOLD_SETS[name], part)
+        questions = [q.question for q in qs]
+        fts5 = run_probe(scratch, out, store, questions, ["bm25"], False)
+        tantivy = run_probe(scratch, out, store, questions, ["bm25"], True)
+        found[name] = {"chunks": len(rows), "fts5": ndcg(fts5["runs"]["bm25"], qs),
+                       "tantivy": ndcg(tantivy["runs"]["bm25"], qs)}
+        log(f"{name}: {found[name]}")
+    return found
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -459,6 +494,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--prepare-only", action="store_true", help="chunk and embed, then stop")
     parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--bm25-gold", action="store_true",
+                        help="only: each gold set's BM25 nDCG@10 alone, FTS5 against Tantivy (no embedding)")
     args = parser.parse_args()
     if args.probe:
         probe(args.probe)
@@ -466,6 +503,9 @@ def main() -> None:
     scratch = args.keep or Path(tempfile.mkdtemp(prefix="bench-search-scale-"))
     scratch.mkdir(parents=True, exist_ok=True)
     try:
+        if args.bm25_gold:
+            print(json.dumps({"load": os.getloadavg(), "bm25_ndcg@10": bm25_gold_sets(scratch)}, indent=2))
+            return
         corpora, gold, originals, vectors = prepare(scratch, args.distinct, args.gold)
         if args.prepare_only:
             return

@@ -134,7 +134,18 @@ def ingest(corpus: Path | str, out: Path | str, **options: Any) -> Summary:
 
 
 def update_index(
-    out: Path | str, store: str | Path | None = None, embedder: str | None = None, *, reconcile: bool = False
+    out: Path | str,
+    store: str | Path | None = None,
+    embedder: str | None = None,
+    *,
+    reconcile: bool = False,
+    executor: str = "local",
+    address: str | None = None,
+    batch_size: int = 0,
+    actors: int = 0,
+    cpus_per_actor: int = 0,
+    num_gpus: float = 0.0,
+    device: str = "cpu",
 ) -> IndexReport:
     """Bring the search index of the chunk folder ``out`` up to date: ``chunkyard index``.
 
@@ -149,13 +160,40 @@ def update_index(
         embedder: a spec for ``pipeline.index.embedders.make_embedder`` (``None``: the index's
             own, or the offline default for a new index).
         reconcile: compare the whole store with the chunk files and repair any difference.
+        executor: ``local`` (this process) or ``ray``: the texts embedded by a pool of Ray
+            actors (extra ``ray``), the writes kept here; ``address``, ``batch_size``,
+            ``actors``, ``cpus_per_actor`` and ``num_gpus`` as ``chunkyard index`` takes them.
+        device: ``cpu``, ``cuda`` (a ``UsageError`` where no GPU can be used) or ``auto``
+            (the GPU where one can be used, else the CPU, with a warning).
 
     Returns:
         What was added, updated, moved, deleted, redirected and embedded, and the ``index_hash``.
     """
+    import warnings
+
+    from pipeline.index.batches import EmbedExecution
+    from pipeline.index.embed_ray import make_executor
     from pipeline.index.sync import index as run_index
 
-    return run_index(out, store, embedder, reconcile=reconcile)
+    def on_note(message: str) -> None:
+        warnings.warn(message, stacklevel=3)
+
+    execution = EmbedExecution(executor, address, batch_size, actors, cpus_per_actor, num_gpus, device)
+    remote = make_executor(execution, on_note)
+    try:
+        return run_index(
+            out,
+            store,
+            embedder,
+            reconcile=reconcile,
+            executor=remote,
+            device=device,
+            batch_size=batch_size or None,
+            on_note=on_note,
+        )
+    finally:
+        if remote is not None:
+            remote.close()
 
 
 def search(

@@ -36,7 +36,11 @@ FLAGS = (
 
 
 def chromium_binary() -> str | None:
-    """Debian's chromium, or another Chromium/Chrome on PATH."""
+    """``$CHROMIUM`` when set (only it: None when it is not an executable), else Debian's
+    chromium or another Chromium/Chrome on PATH."""
+    chosen = os.environ.get("CHROMIUM")
+    if chosen:
+        return shutil.which(chosen)
     for name in ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"):
         found = shutil.which(name)
         if found:

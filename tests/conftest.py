@@ -89,9 +89,101 @@ def fuzz_seed() -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "corpora: integration over ../shared/corpora (runs by default; -m 'not corpora' skips)"
-    )
+    required_parts()  # a misspelt CHUNKYARD_REQUIRE stops the run before any test
+
+
+# -- required parts: under CI a missing one fails, it never skips ------------------------
+
+#: The parts a test may find missing, and what each stands for. Under ``CI=true`` every one is
+#: required; a developer names some with ``CHUNKYARD_REQUIRE=ray,chromium`` (or ``all``).
+PARTS = {
+    "ray": "the ray extra and a real two-node Ray cluster",
+    "netns": "unshare --net --pid (the Ray cluster's loopback-only namespace; root)",
+    "chromium": "headless Chromium for the browser tests (`make browser`)",
+    "tmpfs": "mounting a small tmpfs to fill (the full-disk test; root)",
+    "sysctl": "the sysctl command docs/operations.md shows",
+    "corpora": "../shared/corpora, the real Markdown",
+    "checker": "../shared/tools/check_chunks.py, the independent contract checker",
+}
+
+
+def required_parts() -> frozenset[str]:
+    """The parts whose absence fails a test instead of skipping it: all of them under ``CI=true``,
+    plus the comma list in ``CHUNKYARD_REQUIRE`` (``all`` names every one)."""
+    named = {p.strip() for p in os.environ.get("CHUNKYARD_REQUIRE", "").split(",") if p.strip()}
+    unknown = named - set(PARTS) - {"all"}
+    if unknown:
+        raise pytest.UsageError(
+            f"CHUNKYARD_REQUIRE names unknown parts {sorted(unknown)}; known: {sorted(PARTS)}"
+        )
+    if "all" in named or os.environ.get("CI", "").lower() in ("true", "1"):
+        return frozenset(PARTS)
+    return frozenset(named)
+
+
+#: part → node ids of the tests that found it present / the reasons it was missing.
+_PRESENT: dict[str, set[str]] = {}
+_MISSING: dict[str, set[str]] = {}
+
+
+def _current_test() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+
+
+def require(part: str, problem: str | None) -> None:
+    """One test needs ``part``; ``problem`` says why it is missing (None: it is here).
+
+    Missing, it skips the test with the reason, unless the part is required (``CI=true`` or
+    ``CHUNKYARD_REQUIRE``): then the test fails with the reason, so CI cannot go green
+    without the evidence. Present, the test is counted for the suite's closing summary.
+    """
+    assert part in PARTS, f"unknown part {part!r}: add it to conftest.PARTS"
+    if problem is None:
+        _PRESENT.setdefault(part, set()).add(_current_test())
+        return
+    _MISSING.setdefault(part, set()).add(problem)
+    if part in required_parts():
+        pytest.fail(
+            f"required part {part!r} ({PARTS[part]}) is missing: {problem} "
+            "[required by CI=true or CHUNKYARD_REQUIRE; it must not skip]",
+            pytrace=False,
+        )
+    pytest.skip(f"{part}: {problem}")
+
+
+def have(part: str, problem: str | None) -> bool:
+    """For a test with a fallback: True when ``part`` is here; False when it is missing and
+    not required (the test goes on without it); a failure when it is missing and required."""
+    if problem is not None and part not in required_parts():
+        _MISSING.setdefault(part, set()).add(problem)
+        return False
+    require(part, problem)
+    return True
+
+
+def has_checker() -> bool:
+    """``have`` for the independent checker: tests that fall back to ``tests/outline.py``."""
+    return have("checker", None if CHECKER.exists() else f"{CHECKER} not found")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The suite's last lines: which required parts ran (in how many passed tests) and which were missing."""
+    passed = {r.nodeid for r in terminalreporter.stats.get("passed", [])}
+    required = required_parts()
+    terminalreporter.section("required parts")
+    for part in PARTS:
+        ran = len(_PRESENT.get(part, set()) & passed)
+        used = len(_PRESENT.get(part, set()))
+        missing = sorted(_MISSING.get(part, set()))
+        flag = "required" if part in required else "optional"
+        if missing:
+            state = f"MISSING ({missing[0]})"
+        elif used:
+            state = f"ran: {ran} passed test(s) of {used} that needed it"
+        else:
+            state = "not exercised by the selected tests"
+        terminalreporter.write_line(f"{part:9} [{flag}] {state}")
 
 
 # -- volatile fields and golden files ---------------------------------------------------
@@ -226,19 +318,28 @@ def load_checker() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="session")
-def checker() -> ModuleType:
-    if not CHECKER.exists():
-        pytest.skip(f"{CHECKER} not found")
+def need_checker() -> ModuleType:
+    """The independent checker, a required part (``require``): skips, or fails under CI, without it."""
+    require("checker", None if CHECKER.exists() else f"{CHECKER} not found")
     return load_checker()
 
 
-@pytest.fixture(scope="session")
-def corpora_dir() -> Path:
-    """``../shared/corpora``; the tests that need it skip when it is absent."""
-    if not CORPORA.is_dir():
-        pytest.skip(f"{CORPORA} not found")
+def need_corpora() -> Path:
+    """``../shared/corpora``, a required part (``require``): skips, or fails under CI, without it."""
+    require("corpora", None if CORPORA.is_dir() else f"{CORPORA} not found")
     return CORPORA
+
+
+@pytest.fixture
+def checker() -> ModuleType:
+    """``need_checker()`` per test, so that each test that used it is counted."""
+    return need_checker()
+
+
+@pytest.fixture
+def corpora_dir() -> Path:
+    """``need_corpora()`` per test, so that each test that used it is counted."""
+    return need_corpora()
 
 
 # -- the invariants every chunking must keep (SPEC §2-4) --------------------------------

@@ -16,6 +16,7 @@ outside, and watches them to act at an observed moment.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
+from conftest import require
 
 BIN = Path(sys.executable).parent
 HEAD_PORT = 6390
@@ -73,10 +74,13 @@ def unshare_problem() -> str | None:
 
 
 def skip_without_namespaces() -> None:
-    """Skip (with the reason) where a test cluster cannot be fenced in; Ray never starts outside."""
+    """Skip (with the reason) where a test cluster cannot be fenced in; Ray never starts outside.
+
+    Both are required parts (``conftest.require``): under ``CI=true`` a missing one fails.
+    """
+    require("ray", None if importlib.util.find_spec("ray") else "the ray extra is not installed (pip install -e '.[ray]')")
     problem = unshare_problem()
-    if problem:
-        pytest.skip(f"no Ray test cluster: {problem}")
+    require("netns", f"no Ray test cluster: {problem}" if problem else None)
 
 
 class LoopbackCluster:

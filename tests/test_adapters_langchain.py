@@ -12,6 +12,17 @@ import pytest
 pytest.importorskip("langchain_core")
 pytest.importorskip("langchain_text_splitters")
 
+from adapters_support import (
+    POLICY,
+    changed_texts,
+    chunk_state,
+    document,
+    edit_one_paragraph,
+    embed_texts,
+    make_corpus,
+    random_edit,
+    run_ingest,
+)
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.vectorstores import InMemoryVectorStore
 from pydantic import Field
@@ -24,17 +35,6 @@ from pipeline.adapters.langchain import (
 from pipeline.run.db import StateDB, db_path
 from pipeline.run.feed import last_seq
 from pipeline.run.ingest import Options, Session
-from tests.adapters_support import (
-    POLICY,
-    changed_texts,
-    chunk_state,
-    document,
-    edit_one_paragraph,
-    embed_texts,
-    make_corpus,
-    random_edit,
-    run_ingest,
-)
 
 
 class CountingEmbedding(DeterministicFakeEmbedding):

@@ -10,6 +10,16 @@ import pytest
 
 pytest.importorskip("llama_index.core")
 
+from adapters_support import (
+    POLICY,
+    changed_texts,
+    chunk_state,
+    document,
+    edit_one_paragraph,
+    embed_texts,
+    make_corpus,
+    run_ingest,
+)
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.schema import Document, MetadataMode, NodeRelationship
@@ -22,16 +32,6 @@ from pipeline.adapters.llamaindex import (
     sync_vector_store,
 )
 from pipeline.errors import UsageError
-from tests.adapters_support import (
-    POLICY,
-    changed_texts,
-    chunk_state,
-    document,
-    edit_one_paragraph,
-    embed_texts,
-    make_corpus,
-    run_ingest,
-)
 
 
 class CountingEmbedding(MockEmbedding):

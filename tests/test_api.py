@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from adapters_support import POLICY, chunk_state, document, make_corpus, run_ingest
 
 import pipeline
 from pipeline.adapters.changes import CursorLostError
 from pipeline.errors import StageError, UsageError
 from pipeline.models import Policy
-from tests.adapters_support import POLICY, chunk_state, document, make_corpus, run_ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "corpus"

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import NOBODY, as_nobody
+from conftest import NOBODY, as_nobody, require
 
 import pipeline.run.ingest as ingest_mod
 import pipeline.run.plan as plan_mod
@@ -237,7 +237,8 @@ def small_disk(world: Path) -> Iterator[Path]:
         ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, check=False
     )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({proc.stderr.decode().strip()}); needs root")
+        require("tmpfs", f"cannot mount a small tmpfs to fill ({proc.stderr.decode().strip()}); needs root")
+    require("tmpfs", None)
     try:
         yield mnt
     finally:

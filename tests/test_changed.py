@@ -16,6 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from test_incremental import make_corpus, section
 
 from pipeline.models import Policy
 from pipeline.run.db import dump_state
@@ -24,7 +25,6 @@ from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, Session, Summary, ingest
 from pipeline.run.pool import GuardPool
 from pipeline.run.state import STATE_DIR
-from tests.test_incremental import make_corpus, section
 
 POLICY = Policy(target_tokens=64, overlap_tokens=8)
 

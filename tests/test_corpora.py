@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPORA, load_checker, schema_errors
+from conftest import CORPORA, load_checker, need_checker, need_corpora, require, schema_errors
 
 from pipeline.models import Policy
 from pipeline.run.ingest import Options, Summary, ingest
 
-pytestmark = pytest.mark.corpora
+pytestmark = [pytest.mark.corpora, pytest.mark.slow]
 
 NAMES = sorted(p.name for p in CORPORA.iterdir() if p.is_dir()) if CORPORA.is_dir() else []
 #: python-jsonschema is slow (~3 ms a record): it checks every Nth file; the pipeline itself
@@ -66,7 +66,9 @@ def check_output(
 
 
 @pytest.fixture(scope="session")
-def runs(corpora_dir: Path, checker: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    corpora_dir = need_corpora()
+    need_checker()
     base = tmp_path_factory.mktemp("corpora")
     done: dict[str, Run] = {}
     pending: dict[str, tuple[Summary, Path, Future[Any]]] = {}
@@ -115,7 +117,7 @@ def test_corpus_ingests_and_passes_the_checker(name: str, runs: dict[str, Run], 
 
 def only(name: str, runs: dict[str, Run]) -> Run:
     if name not in runs:
-        pytest.skip(f"corpus {name} absent")
+        require("corpora", f"corpus {name} absent from {CORPORA}")
     return runs[name]
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from conftest import CORPORA
 
 from pipeline.run.db import dump_state
@@ -157,6 +158,7 @@ def kill_points(reached: collections.Counter[str]) -> list[tuple[str, int]]:
     return points
 
 
+@pytest.mark.slow
 def test_sigkill_in_every_phase_then_one_run_repairs(tmp_path: Path) -> None:
     docs_a = source_docs()
     docs_b = edited(docs_a)

@@ -217,3 +217,106 @@ def test_eval_scores_exactly_what_search_returns(pack: tuple[dict[str, Any], Pat
         metrics = merged["modes"][mode]["metrics"]
         assert metrics["citation_match"] == 1.0  # every passage's offsets give back its text
         assert metrics["recall@10"] >= plain["modes"][mode]["metrics"]["recall@10"]
+
+
+# -- trec_eval on qrels from a second, independently written hit rule -------------------------
+#
+# The check above feeds trec_eval the pack's own answer-level run, so only the rank arithmetic is
+# checked. Here the relevance comes from a rule written again from bench/gold/README.md ("a
+# retrieved chunk hits a question when it comes from the question's source and its [start, end)
+# covers at least 50 % of the answer's span"), over the chunk files and the corpus as they are on
+# disk, without pipeline.evaluate: the answer located in the source, each retrieved chunk's span
+# read from its chunk file. trec_eval then scores the bare-chunk run against those qrels.
+
+
+def _canonical(path: Path) -> str:
+    """A source as chunk offsets count it: no BOM, LF line ends."""
+    return path.read_bytes().decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _answer_spans(corpus: Path) -> dict[str, tuple[str, int, int]]:
+    """question id → (source, start, end) of its quote's first occurrence in the source."""
+    spans = {}
+    for line in GOLD.read_text(encoding="utf-8").splitlines():
+        q = json.loads(line)
+        text = _canonical(corpus / q["source"])
+        at = text.find(q["quote"])
+        assert at >= 0, f"{q['id']}: the quote is not in {q['source']}"
+        spans[q["id"]] = (q["source"], at, at + len(q["quote"]))
+    return spans
+
+
+def _chunk_spans(out: Path) -> dict[str, tuple[str, int, int]]:
+    spans = {}
+    for path in out.rglob("doc_*.json"):
+        if ".chunkyard" in path.relative_to(out).parts:
+            continue
+        rec = json.loads(path.read_bytes())
+        offsets = rec["charOffsets"]
+        spans[rec["chunk_id"]] = (rec["metadata"]["sourceFile"], offsets["charStart"], offsets["charEnd"])
+    return spans
+
+
+def half_covered(chunk: tuple[str, int, int], answer: tuple[str, int, int]) -> bool:
+    """The hit rule, as bench/gold/README.md states it."""
+    (c_src, c_start, c_end), (a_src, a_start, a_end) = chunk, answer
+    overlap = min(c_end, a_end) - max(c_start, a_start)
+    return c_src == a_src and overlap > 0 and 2 * overlap >= a_end - a_start
+
+
+def chunk_half_covered(chunk: tuple[str, int, int], answer: tuple[str, int, int]) -> bool:
+    """A deliberately broken rule (half of the chunk, not of the answer, must be covered)."""
+    overlap = min(chunk[2], answer[2]) - max(chunk[1], answer[1])
+    return chunk[0] == answer[0] and overlap > 0 and 2 * overlap >= chunk[2] - chunk[1]
+
+
+def _unescape(docno: str) -> str:
+    return docno.replace("%20", " ").replace("%09", "\t").replace("%0A", "\n").replace("%0D", "\r").replace("%25", "%")
+
+
+def _agreement(rule: Any, run_dir: Path, pack: dict[str, Any], corpus: Path, out: Path) -> list[str]:
+    """Where the pack's bare-chunk metrics and trec_eval's over ``rule``'s qrels differ."""
+    import pytrec_eval
+
+    answers, chunks = _answer_spans(corpus), _chunk_spans(out)
+    n = len(answers)
+    differ = []
+    for mode in ("hybrid", "dense", "bm25"):
+        ranked: dict[str, list[str]] = {}
+        for line in (run_dir / f"{mode}.run").read_text().splitlines():
+            qid, _, doc, rank, _score, _tag = line.split()
+            ranked.setdefault(qid, []).append((int(rank), _unescape(doc)))  # type: ignore[arg-type]
+        run: dict[str, dict[str, float]] = {}
+        for qid, items in ranked.items():  # answer level: the first hit is the answer, later hits repeat it
+            kept, found = [], False
+            for _, cid in sorted(items):
+                if rule(chunks[cid], answers[qid]):
+                    if not found:
+                        kept.append(f"answer:{qid}")
+                    found = True
+                else:
+                    kept.append(cid)
+            run[qid] = {doc: float(len(kept) - i) for i, doc in enumerate(kept[:10])}
+        qrels = {qid: {f"answer:{qid}": 1} for qid in answers}
+        scores = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recip_rank"}).evaluate(run)
+        ours = pack["modes"][mode]["metrics"]
+        for name, measure in (("nDCG@10", "ndcg_cut_10"), ("MRR@10", "recip_rank")):
+            theirs = sum(s[measure] for s in scores.values()) / n
+            if abs(ours[name] - theirs) > 1e-5:
+                differ.append(f"{mode} {name}: pack {ours[name]:.6f}, trec_eval {theirs:.6f}")
+    return differ
+
+
+def test_trec_eval_over_independent_qrels_agrees_and_a_broken_rule_does_not(
+    indexed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    pytest.importorskip("pytrec_eval")
+    corpus, out = indexed
+    result = cli("eval", GOLD, "--out", out, "--json", "--no-expand", "--trec", tmp_path / "trec")
+    assert result.exit_code == 0, result.output
+    pack = json.loads(result.stdout)
+    assert _agreement(half_covered, tmp_path / "trec", pack, corpus, out) == []
+    for broken_rule in (chunk_half_covered,):  # (the strict 100 % rule agrees on this gold set)
+        broken = _agreement(broken_rule, tmp_path / "trec", pack, corpus, out)
+        assert broken, f"the broken rule {broken_rule.__name__} agreed too: the check cannot fail"
+        print(f"\nindependent qrels agree; {broken_rule.__name__} differs in {len(broken)}: {broken[:2]}")

@@ -22,6 +22,7 @@ pytest.importorskip("llama_index.core")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("sqlite_vec")
 
+from adapters_support import chunk_state, document, edit_one_paragraph, make_corpus, run_ingest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.vectorstores import InMemoryVectorStore
 from llama_index.core.embeddings import MockEmbedding
@@ -36,7 +37,6 @@ from pipeline.index.vector_store import open_store
 from pipeline.run.changes import read_changes
 from pipeline.run.db import StateDB, db_path
 from pipeline.run.feed import last_seq
-from tests.adapters_support import chunk_state, document, edit_one_paragraph, make_corpus, run_ingest
 
 
 class RecordingLangChainStore(InMemoryVectorStore):

@@ -26,17 +26,20 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CHECKER, Chunked, invariant_errors, load_checker
+from conftest import Chunked, has_checker, invariant_errors, load_checker, need_checker
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from outline import Outline
 
 from pipeline.models import Policy
 from pipeline.runner import chunk_document
+from pipeline.stages.parse import parse
 
 REGRESSIONS = Path(__file__).resolve().parent / "fuzz_regressions"
 
@@ -252,9 +255,11 @@ def violations(raw: bytes, policy: Policy, *, outline: bool = True) -> list[str]
         return [f"{type(exc).__name__}: {exc}"]
     result = Chunked(doc, chunks, policy)
     if not outline:  # chunkyard's own view of the headings, then
-        return list(invariant_errors(result))
-    seen = load_checker().Outline(doc.text) if CHECKER.exists() else Outline(doc.text)
-    problems = list(invariant_errors(result, [h for h, _ in seen.headings]))
+        return list(invariant_errors(result)) + list(table_split_errors(result))
+    seen = load_checker().Outline(doc.text) if has_checker() else Outline(doc.text)
+    problems = list(invariant_errors(result, [h for h, _ in seen.headings])) + list(
+        table_split_errors(result)
+    )
     if doc.body_start != seen.fm_end:
         problems.append(f"front matter ends at {doc.body_start}, the checker says {seen.fm_end}")
     for r in result.records:  # and no heading markdown-it does not see
@@ -270,6 +275,35 @@ def violations(raw: bytes, policy: Policy, *, outline: bool = True) -> list[str]
         if len(touching) != 1 or not (touching[0][0] <= start and touching[0][1] >= end):
             problems.append(f"code block [{start},{end}) is in {len(touching)} chunks: {touching[:3]}")
     return problems
+
+
+def table_split_errors(result: Chunked) -> Iterator[str]:
+    """A table (as chunkyard parses it, nested ones too) in more than one chunk splits only
+    between rows, and every piece without the header row has it repeated in its ``embedText``."""
+    text = result.text
+    tables = [(b.start, b.end) for b in _blocks(parse(result.doc)) if b.kind == "table"]
+    for ts, te in tables:
+        touching = [
+            r
+            for r in result.records
+            if r["charOffsets"]["charStart"] < te and r["charOffsets"]["charEnd"] > ts
+        ]
+        if len(touching) <= 1:
+            continue
+        header = text[ts : text.find("\n", ts, te) if "\n" in text[ts:te] else te].strip()
+        for r in touching:
+            s, e = r["charOffsets"]["charStart"], r["charOffsets"]["charEnd"]
+            if ts < s < te:
+                line_start = text.rfind("\n", ts, s) + 1 if "\n" in text[ts:s] else ts
+                if text[line_start:s].strip(" \t>"):
+                    yield f"{r['id']}: a table [{ts},{te}) is cut inside a row at {s}"
+                extra = r["embedText"][: len(r["embedText"]) - len(r["originalText"])]
+                if header not in extra:
+                    yield f"{r['id']}: a piece of the table [{ts},{te}) lacks its header {header[:40]!r} in embedText"
+            if ts < e < te:
+                line_end = text.find("\n", e, te)
+                if text[e : te if line_end < 0 else line_end].strip():
+                    yield f"{r['id']}: a table [{ts},{te}) is cut inside a row at {e}"
 
 
 def keep_regression(raw: bytes, policy: Policy, note: str) -> Path:
@@ -299,7 +333,7 @@ def table_over_another_block(raw: bytes) -> bool:
     ``# |``; GFM (cmark-gfm) and chunkyard read a list item holding a table, or a heading and a
     thematic break (``test_a_list_item_is_no_table_header``, ``test_an_atx_heading_is_no_table_header``)."""
     text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-    seen = load_checker().Outline(text) if CHECKER.exists() else Outline(text)
+    seen = load_checker().Outline(text) if has_checker() else Outline(text)
     return any(kind == "table" and _NOT_A_HEADER_ROW.match(text, start) for kind, start, _ in seen.atomic)
 
 
@@ -368,115 +402,197 @@ def test_regressions_replay(path: Path) -> None:
     assert not problems, f"{case['note']}\n" + "\n".join(problems[:10])
 
 
-@pytest.mark.xfail(strict=False, reason="tabs inside container marks: three parsers, three readings")
-def test_a_tab_after_a_container_mark() -> None:
-    """Known disagreement, left alone. In ``>\u200f`` / ``\t> \t* ```` `` the second line is
-    indented 4 columns, so CommonMark's reference (commonmark.js) reads it as lazy paragraph
-    text; markdown-it continues the quote anyway (it does not check the indent there) and,
-    counting the tab after ``> `` to the next tab stop, finds a list item and a fence;
-    mistletoe continues the quote too but counts every tab as 4 spaces (a paragraph). Found
-    by fuzzing; the random documents keep tabs out of container marks."""
-    raw = ">\u200f\r\t> \t* ```\n\t>\t  >".encode()
-    assert not violations(raw, Policy(target_tokens=16, overlap_tokens=4))
+# -- recorded disagreements of the checker's parser ---------------------------------------------
+#
+# Each case was found by fuzzing, minimised, and read by hand against CommonMark / GFM, with
+# cmark-gfm and commonmark.js. Two tests per case: chunkyard's own invariants and the CommonMark
+# reading are asserted unconditionally (a chunkyard exception or a genuinely cut block fails
+# them); markdown-it's reading is a strict xfail that counts as expected only when markdown-it
+# reads the case exactly the recorded other way (``MarkdownItReadsOtherwiseError``): any other failure
+# fails, and a markdown-it that comes round to CommonMark's reading is an XPASS that fails CI
+# (then the case moves to the agreeing tests). The markdown-it-py version is pinned in
+# pyproject's dev extra for that reason.
 
 
-@pytest.mark.xfail(
-    strict=True, reason="markdown-it reads a table with the header `- a`; GFM a list item with a table"
-)
-def test_a_list_item_is_no_table_header() -> None:
-    """Known disagreement of the checker's parser, left alone: in ``- a|`` / ``  -|`` / ``a`` /
-    ``=`` GFM (cmark-gfm) opens a list item whose paragraph ``a|`` becomes a table at ``-|``;
-    the unindented ``a`` then ends the item (a table is no paragraph to go on lazily) and
-    ``a`` / ``=`` is a heading, as chunkyard reads it. markdown-it tries its table rule before
-    lists and finds a table with the header ``- a`` whose rows run to the end (no heading)."""
-    assert not violations(b"- a|\n  -|\na\n=", Policy(target_tokens=16, overlap_tokens=0))
+class MarkdownItReadsOtherwiseError(AssertionError):
+    """markdown-it-py reads a recorded case exactly the recorded other way."""
 
 
-@pytest.mark.xfail(strict=True, reason="markdown-it reads a table with the header `# \\|`; GFM a heading")
-def test_an_atx_heading_is_no_table_header() -> None:
-    """Known disagreement of the checker's parser, left alone (found by the random phase, seed
-    10000000289): in ``# \\|`` / ``---`` GFM (cmark-gfm) and chunkyard read an ATX heading then
-    a thematic break (a table header is a paragraph line); markdown-it tries its table rule
-    first and finds a one-column table, so it sees no heading."""
-    assert not violations(b"# \\|\n---\n", Policy(target_tokens=16, overlap_tokens=0))
+@dataclass(frozen=True)
+class Reading:
+    """What a parser sees that the chunks depend on: headings ``(start, depth)`` and code blocks
+    ``(start, end)`` (the checker's ``Outline``; code: fenced and indented as it lists them)."""
+
+    headings: tuple[tuple[int, int], ...]
+    code: tuple[tuple[int, int], ...]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="a lazy `\\|` over `    ---` in a list item: three parsers, three readings"
-)
-def test_a_lazy_table_header_over_a_delimiter_row_indented_into_the_item() -> None:
-    """Known disagreement, left alone (found by the random phase, seed 96826833, after the
-    unindented ``---`` case was fixed). In ``1. alpha`` / ``\\|`` / ``    ---`` the ``---``
-    goes on with the item (indented 4 columns, past its 3), so it is no lazy line: GFM
-    (cmark-gfm, comrak: setext is tried before the table extension) and CommonMark make
-    ``alpha`` + lazy ``\\|`` a level-2 setext heading inside the item, and ``alpha`` / ``===``
-    after the list is a heading; that is the reading by the spec. markdown-it's table rule,
-    asked whether ``\\|`` ends the item's paragraph, measures ``---`` from the item's indent
-    and says yes, so the item ends before ``\\|``; at the top level ``---`` is then indented
-    4 columns (no table), and it reads one setext heading from ``\\|`` to ``===``. chunkyard
-    (mistletoe) reads a table ``\\|`` / `` ---`` inside the item. The delimiter row goes on
-    with the container, so ``_interrupts`` (lazy header rows) does not apply."""
-    raw = b"alpha\n1. alpha\n\\|\n    ---\nalpha\n===\n"
-    assert not violations(raw, Policy(target_tokens=16, overlap_tokens=0))
+@dataclass(frozen=True)
+class Disagreement:
+    name: str
+    raw: bytes
+    policy: Policy
+    commonmark: Reading  #: cmark-gfm's and commonmark.js's reading (chunkyard's too)
+    markdown_it: Reading  #: markdown-it-py's, as recorded
+    why: str
 
 
-@pytest.mark.xfail(strict=True, reason="markdown-it's `<div` takes any Unicode blank after it")
-def test_a_block_tag_then_a_line_separator_opens_no_html_block() -> None:
-    """The same disagreement for kind 6 (found by the random phase, seed 2960165702, minimised):
-    CommonMark opens an HTML block at ``<div`` followed by a space, a tab, ``>``, ``/>`` or the
-    line's end; ``<div`` then U+2028 (or an NBSP) is text, and ``# a`` a heading, as cmark-gfm
-    and chunkyard read it. markdown-it (and commonmark.js) take any Unicode blank there."""
-    assert not violations("<div\u2028\n# a\n".encode(), Policy(target_tokens=16, overlap_tokens=0))
-
-
-@pytest.mark.xfail(strict=True, reason="markdown-it's `<script` takes any Unicode blank after it")
-def test_a_script_tag_then_a_line_separator_opens_no_html_block() -> None:
-    """Known disagreement of the checker's parser, left alone (found by the random phase, seeds
-    10000000514 and 10000000076): CommonMark (4.6, kind 1) opens an HTML block at ``<script``
-    followed by a space, a tab, ``>`` or the line's end; ``<script`` then U+2028 is text, and
-    ``# in script`` below a heading, as chunkyard reads it. markdown-it's pattern uses ``\\s``
-    (Unicode blanks), opens the block and swallows the heading."""
-    raw = "<script\u2028>\nlet x = 1;\n\n# in script\n".encode()
-    assert not violations(raw, Policy(target_tokens=16, overlap_tokens=0))
-
-
-@pytest.mark.xfail(strict=True, reason="markdown-it ends an item's paragraph at a line indented as code")
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b"-\n    1. a\n      ```\na\n=",
-        # the same reading, found by a local random phase (seeds 2318530554 and 1530633684, minimised):
-        # a wide item (``1.`` then two spaces: content at column 5) over a line indented 4
-        b" 1.  a\n    ```\nx\n-",
-        # and under an item in quotes, the line with no ``>``
-        b"> > - - a\n    ```\nalpha\n===\n",
-    ],
-)
-def test_a_line_indented_as_code_under_a_nested_item_is_lazy(raw: bytes) -> None:
-    """Known disagreement of the checker's parser, left alone (found by the random phase, seed
-    2717503729, minimised). In ``-`` / ``    1. a`` / ``      ```` `` / ``a`` / ``=`` the third
-    line is not indented enough for ``1.``'s content (column 7) and is 4 columns into the outer
-    item's: indented code, which cannot interrupt a paragraph, so it is a lazy line of ``a``
-    (CommonMark 5.1, cmark-gfm and commonmark.js: one paragraph ``a ``` a =``, no heading), as
-    chunkyard reads it. markdown-it ends the paragraph there, opens indented code in the outer
-    item, and then sees ``a`` / ``=`` as a heading at the top level."""
-    assert not violations(raw, Policy(target_tokens=16, overlap_tokens=0))
-
-
-@pytest.mark.xfail(strict=True, reason="markdown-it continues a quote at a `>` indented 4 columns or more")
-def test_a_quote_mark_indented_as_code_goes_on_with_no_quote() -> None:
-    """Known disagreement of the checker's parser, left alone (found by CI's random phase, seed
-    1600285971, minimised). After ``>>``, the line ``>     >...`` holds indented code in the outer
-    quote (four columns after ``> ``), and ``    >  -  1. ...`` and ``    >  ``` ...`` are lazy
-    text of the paragraph before them, not quote lines: cmark-gfm and commonmark.js read it so,
-    and so does chunkyard. markdown-it's quote rule looks for ``>`` past any indentation on a
-    line that goes on with a quote, so it nests the quotes on and opens a fence in the last line,
-    which chunkyard's chunks then seem to cut."""
-    raw = (
-        b">>\r>     >\xe2\x80\x8b\xe2\x80\x8b\xe2\x80\x8b\xcc\x81\r\xe2\x81\xa9aaphaaphaapha|lhaaphaaphaaphaapha\r"
-        b"    >  -  1. pha&mp;hha\r    >  ```  >  0. <i>**b*abt [l]u)\xe2\x81\xa9"
+def reading(seen: Any) -> Reading:
+    return Reading(
+        tuple((int(h), int(d)) for h, d in seen.headings),
+        tuple((int(a), int(b)) for kind, a, b in seen.atomic if kind == "code" and b > a),
     )
-    assert not violations(raw, Policy(target_tokens=64, overlap_tokens=16))
+
+
+def _blocks(blocks: Any) -> Any:
+    for block in blocks:
+        yield block
+        yield from _blocks(block.children)
+
+
+DISAGREEMENTS = [
+    Disagreement(
+        "a_tab_after_a_container_mark",
+        ">\u200f\r\t> \t* ```\n\t>\t  >".encode(),
+        Policy(target_tokens=16, overlap_tokens=4),
+        Reading((), ()),
+        Reading((), ((3, 19),)),
+        "In ``>\u200f`` / ``\t> \t* ```` `` the second line is indented 4 columns, so CommonMark "
+        "(commonmark.js) reads it as lazy paragraph text: no heading, no fence. markdown-it continues "
+        "the quote without checking the indent and, counting the tab after ``> `` to the next tab stop, "
+        "finds a list item and a fence.",
+    ),
+    Disagreement(
+        "a_list_item_is_no_table_header",
+        b"- a|\n  -|\na\n=",
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading(((10, 1),), ()),
+        Reading((), ()),
+        "GFM (cmark-gfm) opens a list item whose paragraph ``a|`` becomes a table at ``-|``; the "
+        "unindented ``a`` ends the item and ``a`` / ``=`` is a heading. markdown-it tries its table "
+        "rule before lists: a table with the header ``- a`` to the end, no heading.",
+    ),
+    Disagreement(
+        "an_atx_heading_is_no_table_header",
+        b"# \\|\n---\n",
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading(((0, 1),), ()),
+        Reading((), ()),
+        "GFM reads an ATX heading then a thematic break (a table header is a paragraph line); "
+        "markdown-it's table rule comes first: a one-column table, no heading (seed 10000000289).",
+    ),
+    Disagreement(
+        "a_lazy_table_header_over_a_delimiter_row_indented_into_the_item",
+        b"alpha\n1. alpha\n\\|\n    ---\nalpha\n===\n",
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading(((26, 1),), ()),
+        Reading(((15, 1),), ()),
+        "``    ---`` goes on with the item, so it is no lazy line; GFM and CommonMark make the item's "
+        "paragraph (a table to chunkyard) and ``alpha`` / ``===`` after the list a heading at 26. "
+        "markdown-it ends the item before ``\\|`` and reads one setext heading from 15 (seed 96826833).",
+    ),
+    Disagreement(
+        "a_block_tag_then_a_line_separator_opens_no_html_block",
+        "<div\u2028\n# a\n".encode(),
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading(((6, 1),), ()),
+        Reading((), ()),
+        "CommonMark (4.6, kind 6) opens an HTML block at ``<div`` then a space, a tab, ``>``, ``/>`` or "
+        "the line's end; then U+2028 it is text and ``# a`` a heading, as cmark-gfm reads it. "
+        "markdown-it takes any Unicode blank there (seed 2960165702).",
+    ),
+    Disagreement(
+        "a_script_tag_then_a_line_separator_opens_no_html_block",
+        "<script\u2028>\nlet x = 1;\n\n# in script\n".encode(),
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading(((22, 1),), ()),
+        Reading((), ()),
+        "CommonMark (4.6, kind 1): ``<script`` then U+2028 opens no HTML block, so ``# in script`` is "
+        "a heading; markdown-it's pattern uses ``\\s`` and swallows it (seeds 10000000514, 10000000076).",
+    ),
+    Disagreement(
+        "a_line_indented_as_code_under_a_nested_item_is_lazy",
+        b"-\n    1. a\n      ```\na\n=",
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading((), ()),
+        Reading(((21, 1),), ()),
+        "The third line is indented code in the outer item, which cannot interrupt a paragraph: a "
+        "lazy line, one paragraph ``a ``` a =`` and no heading (CommonMark 5.1, cmark-gfm, "
+        "commonmark.js). markdown-it ends the paragraph there and sees a heading (seed 2717503729).",
+    ),
+    Disagreement(
+        "a_line_indented_as_code_under_a_wide_item_is_lazy",
+        b" 1.  a\n    ```\nx\n-",
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading((), ()),
+        Reading(((15, 2),), ()),
+        "The same reading under a wide item (content at column 5) over a line indented 4 (seeds "
+        "2318530554, 1530633684).",
+    ),
+    Disagreement(
+        "a_line_indented_as_code_under_an_item_in_quotes_is_lazy",
+        b"> > - - a\n    ```\nalpha\n===\n",
+        Policy(target_tokens=16, overlap_tokens=0),
+        Reading((), ()),
+        Reading(((18, 1),), ()),
+        "The same reading under an item in quotes, the line with no ``>``: no heading.",
+    ),
+    Disagreement(
+        "a_quote_mark_indented_as_code_goes_on_with_no_quote",
+        (
+            b">>\r>     >\xe2\x80\x8b\xe2\x80\x8b\xe2\x80\x8b\xcc\x81\r\xe2\x81\xa9aaphaaphaapha|lhaaphaaphaaphaapha\r"
+            b"    >  -  1. pha&mp;hha\r    >  ```  >  0. <i>**b*abt [l]u)\xe2\x81\xa9"
+        ),
+        Policy(target_tokens=64, overlap_tokens=16),
+        Reading((), ()),
+        Reading((), ((74, 109),)),
+        "After ``>>``, ``>     >...`` holds indented code in the outer quote and the two lines "
+        "indented 4 are lazy text, not quote lines (cmark-gfm, commonmark.js): no fence. markdown-it "
+        "looks for ``>`` past any indentation, nests the quotes on and opens a fence (seed 1600285971).",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", DISAGREEMENTS, ids=lambda c: c.name)
+def test_recorded_cases_keep_chunkyards_invariants_and_commonmarks_reading(case: Disagreement) -> None:
+    """Unconditional: no exception, every invariant on chunkyard's own outline (exact slices,
+    coverage, ids, budgets), chunkyard reads the headings CommonMark does, and no chunk cuts a
+    CommonMark heading or code block."""
+    own = violations(case.raw, case.policy, outline=False)
+    assert not own, f"{case.name}: " + "\n".join(own[:10])
+    doc, chunks = chunk_document(case.raw, "fuzz/doc.md", case.policy)
+    blocks = parse(doc)
+    ours = tuple((b.start, b.level) for b in blocks if b.kind == "heading")
+    assert ours == case.commonmark.headings, f"{case.name}: chunkyard reads headings {ours}"
+    result = Chunked(doc, chunks, case.policy)
+    problems = list(invariant_errors(result, [h for h, _ in case.commonmark.headings]))
+    assert not problems, f"{case.name}: " + "\n".join(problems[:10])
+    spans = [(r["charOffsets"]["charStart"], r["charOffsets"]["charEnd"]) for r in result.records]
+    for start, end in case.commonmark.code:
+        inside = [(s, e) for s, e in spans if s < end and e > start]
+        assert len(inside) == 1 and inside[0][0] <= start and inside[0][1] >= end, (
+            f"{case.name}: code [{start},{end}) is cut: {inside}"
+        )
+
+
+@pytest.mark.xfail(
+    strict=True, raises=MarkdownItReadsOtherwiseError, reason="markdown-it-py reads it the recorded other way"
+)
+@pytest.mark.parametrize("case", DISAGREEMENTS, ids=lambda c: c.name)
+def test_recorded_cases_as_markdown_it_reads_them(case: Disagreement) -> None:
+    """Expected to fail only one way: markdown-it-py's outline is the recorded one. Another
+    reading fails the test; CommonMark's reading passes it (an XPASS, which fails CI). Chunkyard's
+    own invariants come first, so a broken chunker fails here too, never as the expected failure."""
+    own = violations(case.raw, case.policy, outline=False)
+    assert not own, f"{case.name}: " + "\n".join(own[:10])
+    doc, _ = chunk_document(case.raw, "fuzz/doc.md", case.policy)
+    got = reading(need_checker().Outline(doc.text))
+    if got == case.markdown_it and got != case.commonmark:
+        raise MarkdownItReadsOtherwiseError(f"{case.name}: {case.why}")
+    assert got == case.commonmark, (
+        f"{case.name}: markdown-it reads {got}, neither as recorded nor as CommonMark"
+    )
+    assert not violations(case.raw, case.policy), case.name
 
 
 def test_a_lazy_underline_after_a_deep_quote_and_list_staircase() -> None:
@@ -555,14 +671,14 @@ def test_a_declaration_is_an_ascii_letter_of_either_case(text: str) -> None:
         "> [a]:\n> /u\nalpha\n===\n",  # the destination on the next line: a definition, then a heading
         "> [a]:\n/u\nalpha\n===\n",  # a lazy destination: the definition takes it
         "- [a]:\n /u\nalpha\n===\n",  # the same in a list item
-        "> [a]: /u\n> \"t\"\nalpha\n===\n",  # a title on the next line
-        "> [a]: /u\n\"t\"\nalpha\n===\n",  # a lazy title
+        '> [a]: /u\n> "t"\nalpha\n===\n',  # a title on the next line
+        '> [a]: /u\n"t"\nalpha\n===\n',  # a lazy title
         "> [a]:\nalpha\n===\n",  # ``alpha`` is the destination: ``===`` is a paragraph of its own
         "> [a]:\nalpha\nbeta\n===\n",  # ... and ``beta`` / ``===`` a heading
         "> [a]:\n> /u\n> [b]: /v\nalpha\n===\n",  # two definitions
         "> [a\n> b]: /u\nalpha\n===\n",  # a label over two lines
         "> [a]:\n> /u\n> x\nalpha\n===\n",  # a paragraph after the definition: ``alpha`` goes on with it
-        "> [a]:\n> /u \"t\nalpha\n===\n",  # an open title: no definition, one paragraph
+        '> [a]:\n> /u "t\nalpha\n===\n',  # an open title: no definition, one paragraph
         "> [a]: /u\n> ===\nalpha\n===\n",  # ``===`` under a definition is text: a paragraph
         "[a]:\x0b /u\nalpha\n===\n",  # a vertical tab is no blank before the destination: a heading (seed 885466247)
         "[a]:\x0c/u\nalpha\n===\n",  # nor a form feed
@@ -575,7 +691,7 @@ def test_a_declaration_is_an_ascii_letter_of_either_case(text: str) -> None:
         # before it, so it ends the quote; the fence of the next quote keeps its second line
         ">- [a]:u\n[a]:u\n>   ```\n> >\n",
         ">- [a]: /u\n[b]: /v\n>   ```\n> >\n",
-        ">- [a]: /u\n\"t\"\n>   ```\n> >\n",  # a lazy title is the definition's: the item goes on
+        '>- [a]: /u\n"t"\n>   ```\n> >\n',  # a lazy title is the definition's: the item goes on
     ],
 )
 def test_link_definitions_take_their_lines_as_markdown_it_reads_them(text: str) -> None:
@@ -610,3 +726,19 @@ def test_a_line_of_unicode_blanks_is_text_as_in_commonmark(text: str) -> None:
     U+2028...) is text (markdown-it agrees). mistletoe tests blankness with Python's
     ``str.strip()``; ``parse`` shows it such a line with a stand-in that is no blank."""
     assert not violations(text.encode(), Policy(target_tokens=16, overlap_tokens=0))
+
+
+def test_a_big_table_splits_between_rows_with_its_header_in_each_piece() -> None:
+    """The table check of ``violations`` on a table it must split (more than twice the target),
+    and the same check failing when the repeated header is taken out of a piece's ``embedText``."""
+    rows = "".join(f"| row {i} alpha | value {i} beta gamma |\n" for i in range(40))
+    raw = ("# Table\n\n| name | value |\n|---|---|\n" + rows).encode()
+    doc, chunks = chunk_document(raw, "fuzz/doc.md", Policy(target_tokens=32, overlap_tokens=0))
+    result = Chunked(doc, chunks, Policy(target_tokens=32, overlap_tokens=0))
+    pieces = [r for r in result.records if r["block_type"] == "table"]
+    assert len(pieces) > 2
+    assert list(table_split_errors(result)) == []
+    assert all(r["embedText"].count("| name | value |") == 1 for r in pieces)
+    second = pieces[1]
+    second["embedText"] = second["originalText"]  # the header dropped from a later piece
+    assert any("lacks its header" in e for e in table_split_errors(result))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CHECKER, SCHEMA, Chunked, as_nobody, invariant_errors, load_checker
+from conftest import SCHEMA, Chunked, as_nobody, has_checker, invariant_errors, load_checker
 from make_hostile_corpus import LONG_STEM, STALL_MARK, Case, make_hostile_corpus
 
 import pipeline.run.pool as guard_mod
@@ -203,7 +203,7 @@ def test_hostile_corpus_through_the_cli(world: Path) -> None:
     heavy = [c.rel for c in cases if c.expect == "heavy"]
     for rel in good + own + heavy:
         assert docs.get(rel, {}).get("files"), f"{rel} was not chunked"
-    if CHECKER.exists():
+    if has_checker():
         errors = checker_errors(corpus, out, docs, good, world / "view")
     else:  # no shared checker here: chunkyard's own invariants for every document
         own += good

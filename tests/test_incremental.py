@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from kill_support import sync_killed_at
 
 from pipeline.models import Policy
 from pipeline.run.db import StateDB, db_path, dump_state
@@ -569,25 +570,18 @@ def test_a_doc_uid_collision_widens_r_with_a_warning_then_fails_past_12(tmp_path
     assert (again.processed, again.failures, again.warnings) == (0, [], [])
 
 
-def test_a_collision_is_widened_by_the_run_after_one_that_died_before_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_collision_is_widened_by_the_run_after_one_that_died_before_it(tmp_path: Path) -> None:
     corpus, out = tmp_path / "corpus", tmp_path / "out"
     corpus.mkdir()
     text = "---\ndoc_id: shared\n---\n# Same\n\nFirst {}.\n"
     (corpus / "a.md").write_text(text.format("a"))
     (corpus / "b.md").write_text(text.format("b"))
 
-    def die(*_a: Any, **_k: Any) -> None:
-        raise KeyboardInterrupt  # stands for SIGKILL: both documents recorded, the collision not seen
-
-    monkeypatch.setattr(Session, "_widen_collisions", die)
-    with (
-        pytest.raises(KeyboardInterrupt),
-        Session(Options(corpus=corpus, out=out, policy=POLICY, jobs=1)) as s,
-    ):
-        s.sync()
-    monkeypatch.undo()
+    # a real SIGKILL: both documents recorded, the collision not seen
+    sync_killed_at(
+        corpus, out, "pipeline.run.ingest.Session._widen_collisions",
+        target_tokens=POLICY.target_tokens, overlap_tokens=POLICY.overlap_tokens,
+    )  # fmt: skip
     summary = run(corpus, out)
     assert any("r= widened to 12 hex" in w for w in summary.warnings)
     assert manifest(out)["docs"]["b.md"]["rev_width"] == 12 and manifest(out)["inflight"] is None

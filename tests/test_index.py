@@ -18,14 +18,14 @@ from typing import Any
 
 import jsonschema
 import pytest
+from index_support import chunk_state, copy_sample, fresh_copy, run_ingest, store_state, vector_ids
+from test_redirects import EDITS, apply_edit
 
 from pipeline.errors import UsageError
 from pipeline.index import index, search
 from pipeline.index.embed_onnx import OnnxEmbedder
 from pipeline.index.embedders import make_embedder
 from pipeline.index.vector_store import IndexMismatchError, store_lock
-from tests.index_support import chunk_state, copy_sample, fresh_copy, run_ingest, store_state, vector_ids
-from tests.test_redirects import EDITS, apply_edit
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX_SCHEMA = json.loads((ROOT / "schemas" / "index.schema.json").read_text())

@@ -15,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.index_support import chunk_state, copy_sample, run_ingest, store_state, vector_ids
+import pytest
+from index_support import chunk_state, copy_sample, run_ingest, store_state, vector_ids
 
 KILLS = 20
 BUDGETS = (512, 256, 384)
@@ -70,6 +71,7 @@ def _kill_at(proc: subprocess.Popen[bytes], store: Path, moment: int, deadline: 
     return alive
 
 
+@pytest.mark.slow
 def test_twenty_sigkills_each_followed_by_one_index_converge(tmp_path: Path) -> None:
     corpus, out = copy_sample(tmp_path / "corpus"), tmp_path / "chunks"
     run_ingest(corpus, out)

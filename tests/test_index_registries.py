@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("sqlite_vec")
 
+from index_support import copy_sample, run_ingest, store_state
+
 from pipeline.errors import UsageError
 from pipeline.index import index
 from pipeline.index.analyzer import ANALYZER
@@ -23,7 +25,6 @@ from pipeline.index.embed_step import EmbedBatch, EmbeddedBatch, EmbedExecutor, 
 from pipeline.index.embedders import EMBEDDERS, Embedder, make_embedder, register_embedder
 from pipeline.index.registry import Registry
 from pipeline.index.vector_store import STORES, StoreKind, open_store, register_store, store_spec
-from tests.index_support import copy_sample, run_ingest, store_state
 
 
 def test_a_registry_loads_a_path_on_first_use_and_names_what_it_knows() -> None:

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("evaluate",),
     ("view",),
     ("adapters",),
+    ("serve",),
     ("api",),
     ("cli",),
     ("__init__", "__main__"),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SAMPLE_CORPUS, chunk_files
+from conftest import SAMPLE_CORPUS, chunk_files, require
 
 from pipeline.models import Policy
 from pipeline.run.db import dump_state
@@ -68,7 +68,7 @@ def test_jobs_agree_on_another_policy(tmp_path: Path) -> None:
 def test_jobs_agree_on_a_real_corpus(tmp_path: Path, corpora_dir: Path) -> None:
     corpus = corpora_dir / "rust-book"
     if not corpus.is_dir():
-        pytest.skip("rust-book corpus not found")
+        require("corpora", f"{corpus} not found")
     run(corpus, tmp_path / "one", 1)
     run(corpus, tmp_path / "two", 2)
     assert_same_output(tmp_path / "one", tmp_path / "two")

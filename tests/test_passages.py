@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from index_support import run_ingest
 from typer.testing import CliRunner
 
 from pipeline.chunkfolder import iter_chunk_files, read_chunk_file
@@ -21,7 +22,6 @@ from pipeline.evaluate.gold import Sources
 from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.models import Policy
 from pipeline.stages.tokens import Counter
-from tests.index_support import run_ingest
 
 pytest.importorskip("sqlite_vec", reason="the index extra: pip install -e '.[index]'")
 

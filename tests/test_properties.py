@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import CHECKER, Chunked, chunk_md, invariant_errors, load_checker, stable
+from conftest import Chunked, chunk_md, has_checker, invariant_errors, load_checker, need_checker, stable
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from outline import Outline
@@ -139,7 +139,7 @@ def policies(draw: Any) -> Policy:
 def outline(text: str):
     """What markdown-it-py (the independent checker's parser) sees in ``text``: the shared
     checker's ``Outline``, or where ../shared is absent our own on the same parser."""
-    if not CHECKER.exists():
+    if not has_checker():
         return Outline(text)
     return load_checker().Outline(text)
 
@@ -262,9 +262,7 @@ def test_pathological_one_line_documents(target: int) -> None:
 @given(markdown())
 def test_the_local_outline_is_the_checkers(text: str) -> None:
     """``tests/outline.py`` stands in for the shared checker's ``Outline`` without ../shared."""
-    if not CHECKER.exists():
-        pytest.skip(f"{CHECKER} not found: nothing to compare with")
-    ours, theirs = Outline(text), load_checker().Outline(text)
+    ours, theirs = Outline(text), need_checker().Outline(text)
     assert (ours.fm_end, ours.headings, ours.atomic) == (theirs.fm_end, theirs.headings, theirs.atomic)
 
 

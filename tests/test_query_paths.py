@@ -15,12 +15,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from index_support import run_ingest
 
 from pipeline.index import index
 from pipeline.index.analyzer import fts5_query, query_terms
 from pipeline.index.embedders import make_embedder
 from pipeline.index.sqlite_store import SqliteStore
-from tests.index_support import run_ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [

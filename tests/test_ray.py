@@ -38,9 +38,9 @@ from pipeline.run.db import db_path, dump_state
 from pipeline.run.feed import FeedGapError, read_feed
 from pipeline.run.ingest import Options, ingest
 
-pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
-
-pytestmark = pytest.mark.corpora
+# ray and the namespaces are required parts: each test goes through skip_without_namespaces
+# (conftest.require), which skips without them, or fails under CI.
+pytestmark = [pytest.mark.corpora, pytest.mark.slow]
 
 #: Manifest fields that must not depend on the executor: all but the run's own stamps.
 VOLATILE_FEED = ("ts", "trace_id")

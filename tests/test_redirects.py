@@ -11,11 +11,12 @@ from typing import Any
 import orjson
 import pytest
 from conftest import CORPORA
+from kill_support import sync_killed_at
 
 from pipeline.errors import PipelineError
 from pipeline.run.db import dump_state
 from pipeline.run.feed import read_feed
-from pipeline.run.ingest import Options, Session, ingest
+from pipeline.run.ingest import Options, ingest
 from pipeline.run.redirects import Chunklet, collapse, match, match_by_hash, place
 from pipeline.run.state import STATE_DIR
 from pipeline.stages.normalize import normalize
@@ -214,9 +215,7 @@ def test_renamed_document_redirects_by_hash(tmp_path: Path) -> None:
         assert target["metadata"]["sourceFile"] == "handbook.md"
 
 
-def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(tmp_path: Path) -> None:
     """A run that dies after writing chunk files but before its state: the journal keeps the old texts."""
     corpus, out, clean = tmp_path / "corpus", tmp_path / "out", tmp_path / "clean"
     corpus.mkdir()
@@ -230,14 +229,8 @@ def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(
     doc.write_text(edited)
     run(corpus, clean)
 
-    def die(*_a: Any, **_k: Any) -> None:
-        raise KeyboardInterrupt  # stands for SIGKILL: nothing after this point runs
-
-    # the files are written; the state never hears of them
-    monkeypatch.setattr("pipeline.run.session.record_result", die)
-    with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
-        s.sync()
-    monkeypatch.undo()
+    # a real SIGKILL once the files are written, before the state hears of them
+    sync_killed_at(corpus, out, "pipeline.run.session.record_result")
     assert dump_state(out)["inflight"] is not None
     run(corpus, out)
     assert redirect_map(out) == redirect_map(clean) != {}
@@ -474,9 +467,7 @@ def test_edit_suite_chained_edits(suite: tuple[Path, Path, list[str]], tmp_path:
     assert ok / total >= 0.95, misses[:10]
 
 
-def test_a_rename_found_after_a_run_died_between_the_new_name_and_the_old(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_rename_found_after_a_run_died_between_the_new_name_and_the_old(tmp_path: Path) -> None:
     """The run that died recorded the new name (its chunks), not yet the old one's removal: the
     next run still finds the rename by hash among the chunks the dead run made."""
     corpus, out, clean = tmp_path / "corpus", tmp_path / "out", tmp_path / "clean"
@@ -489,13 +480,7 @@ def test_a_rename_found_after_a_run_died_between_the_new_name_and_the_old(
     run(corpus, clean)
     assert redirect_map(clean)
 
-    def die(*_a: Any, **_k: Any) -> None:
-        raise KeyboardInterrupt  # stands for SIGKILL, right before the old name is forgotten
-
-    monkeypatch.setattr("pipeline.run.session.record_gone", die)
-    with pytest.raises(KeyboardInterrupt), Session(Options(corpus=corpus, out=out, jobs=1)) as s:
-        s.sync()
-    monkeypatch.undo()
+    sync_killed_at(corpus, out, "pipeline.run.session.record_gone")  # a real SIGKILL before the old name is forgotten
     summary = run(corpus, out)
     assert summary.processed == 1 and summary.written == 0  # handbook.md re-checked: its files are right
     assert redirect_map(out) == redirect_map(clean)

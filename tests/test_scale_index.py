@@ -25,10 +25,12 @@ import tantivy  # noqa: F401  (the extra 'scale': a required part, so missing fa
 import usearch  # noqa: F401
 from index_support import copy_sample, fresh_copy, run_ingest
 
+from pipeline.errors import UsageError
 from pipeline.index import Searcher, ann, bm25_tantivy, index
 from pipeline.index.analyzer import query_terms
 from pipeline.index.fts_tokens import Fts5Tokens
-from pipeline.index.scale import SCALE_ENV, StoreReader
+from pipeline.index.scale import SCALE_ENV
+from pipeline.index.scale_reader import StoreReader
 from pipeline.index.vector_store import open_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -301,3 +303,19 @@ def test_rebuild_swaps_in_a_store_whose_scale_indexes_follow_it(fresh: tuple[Pat
     with Searcher(out, expand_tokens=0) as ask:
         record = ask.record("overlap between pieces", 3, "hybrid")
         assert record["items"] and not record["warnings"]
+
+
+def test_index_warns_past_the_measured_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.index.scale import MEASURED_MAX, range_warning, wanted
+
+    monkeypatch.setenv(SCALE_ENV, "auto")
+    assert wanted(10_000) == (False, False)
+    assert wanted(MEASURED_MAX["sqlite-vec+scale"]) == (True, True)
+    assert range_warning("sqlite-vec", 42_000) is None
+    past = range_warning("sqlite-vec", MEASURED_MAX["sqlite-vec+scale"] + 1)
+    assert past is not None and "largest index measured" in past
+    lance = range_warning("lancedb", MEASURED_MAX["lancedb"] + 1)
+    assert lance is not None and "LanceDB" in lance
+    monkeypatch.setenv(SCALE_ENV, "sometimes")
+    with pytest.raises(UsageError, match="CHUNKYARD_SCALE"):
+        wanted(1)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from index_support import run_ingest
 
 from pipeline.errors import UsageError
 from pipeline.evaluate.metrics import retrieved_from
 from pipeline.index import Searcher, index, search
 from pipeline.index.analyzer import query_terms
 from pipeline.index.query import MISSING_Z, zscores
-from tests.index_support import run_ingest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "search.schema.json").read_text())

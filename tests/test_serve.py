@@ -17,8 +17,7 @@ from urllib.parse import quote
 
 import anyio
 import pytest
-
-from tests.serve_support import (
+from serve_support import (
     CHUNKYARD,
     Client,
     gold_questions,
@@ -328,8 +327,8 @@ def test_ids_pass_as_they_are() -> None:
 
 
 def test_only_loopback_binds_go_without_a_token() -> None:
+    from pipeline.cli.serve import check_bind, is_loopback
     from pipeline.errors import UsageError
-    from pipeline.serve.command import check_bind, is_loopback
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.4", "example.com", "10.0.0.1"))

@@ -19,8 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-
-from tests.serve_support import CHUNKYARD, ROOT, need_serve_stack, served
+from serve_support import CHUNKYARD, ROOT, need_serve_stack, served
 
 need_serve_stack()
 from mcp import Client as McpClient

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tests.index_support import chunk_state, run_ingest, store_state
-from tests.serve_support import (
+from index_support import chunk_state, run_ingest, store_state
+from serve_support import (
     CHUNKYARD,
     Client,
     free_port,
@@ -182,3 +182,24 @@ def test_queries_through_open_index_go_on_during_a_full_rebuild(tmp_path: Path) 
         after = handle.search("CORS preflight max age", k=3)
         assert [item["chunk_id"] for item in after["items"]] == hits[0]
         assert handle.status()["index_hash"] == first["index_hash"]
+
+
+def test_serve_watch_builds_chunks_and_index_from_nothing(tmp_path: Path) -> None:
+    """A new chunk folder: health answers at once, search says ``no_index`` (503) until the
+    writer's first sync is indexed, then answers from it."""
+    from serve_support import copy_subset, need_corpus
+
+    need_corpus()
+    corpus = copy_subset(tmp_path / "corpus")
+    chunks = tmp_path / "chunks"
+    with served(["--out", str(chunks), "--watch", str(corpus)], tmp_path) as client:
+        status, health = client.get("/v1/health")
+        assert status == 200 and health["ok"]
+        early = client.get("/v1/search?q=cors")
+        assert early[0] == 200 or (early[0] == 503 and early[1]["code"] == "no_index"), early
+        wait_until(lambda: writer(client)["syncs"] >= 1, 300)
+        status, record = client.get("/v1/search?q=" + quote("CORS preflight max age") + "&k=3")
+        assert status == 200 and record["items"], record
+        assert record["index_hash"] == writer(client)["index_hash"]
+        status, health = client.get("/v1/health")
+        assert health["index"]["exists"] and health["index"]["chunks"] == len(chunk_state(chunks)) > 0

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from index_support import chunk_state, copy_sample, run_ingest, store_state
+from test_redirects import apply_edit
 
 from pipeline.index import index, search
 from pipeline.index.embedders import make_embedder
 from pipeline.index.rows import ChunkRow
 from pipeline.index.vector_store import open_store
-from tests.index_support import chunk_state, copy_sample, run_ingest, store_state
-from tests.test_redirects import apply_edit
 
 KINDS = ["sqlite", "lancedb"]
 TEXTS = {

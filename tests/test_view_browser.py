@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from cdp import Browser, chromium_binary
+from conftest import require
 from make_hostile_corpus import CONTENT, make_hostile_corpus
 
 from pipeline.audit.chunk_state import ChunkStore, open_store
@@ -32,10 +33,18 @@ SHARED = ROOT.parent / "shared"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 BINARY = chromium_binary()
 
-pytestmark = pytest.mark.skipif(
-    BINARY is None,
-    reason="no Chromium: `make browser` installs Debian's chromium (as root: apt-get install -y chromium)",
-)
+pytestmark = pytest.mark.slow
+
+
+def need_chromium() -> None:
+    """Chromium is a required part (``conftest.require``): without it these tests skip, or fail under CI."""
+    why = "no Chromium: `make browser` installs Debian's chromium (as root: apt-get install -y chromium)"
+    require("chromium", None if BINARY else why)
+
+
+@pytest.fixture(autouse=True)
+def _needs_chromium() -> None:
+    need_chromium()  # per test, so that each one is counted; the browser fixture asks first
 
 MARKER_DOC = (
     "# Marker <script>window.__pwned = 'title'</script>\n\n"
@@ -86,6 +95,7 @@ def build(corpus: Path, out: Path, html: Path, exit_code: int = 0) -> ChunkStore
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    need_chromium()
     assert BINARY is not None
     b = Browser(BINARY, tmp_path_factory.mktemp("chromium-profile"))
     yield b
@@ -242,7 +252,7 @@ def test_hostile_corpus(browser: Browser, artifacts: Path, hostile_dir: Path) ->
 def test_shared_corpus(browser: Browser, artifacts: Path, tmp_path: Path) -> None:
     corpus = SHARED / "corpora" / "rust-book"
     if not corpus.is_dir():
-        pytest.skip(f"{corpus} is absent")
+        require("corpora", f"{corpus} is absent")
     html = tmp_path / "report.html"
     store = build(corpus, tmp_path / "chunks", html)
     open_page(browser, html)

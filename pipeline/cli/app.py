@@ -17,7 +17,7 @@ from pipeline._version import __version__
 from pipeline.cli import audit, index, ingest, view
 from pipeline.cli.base import app
 from pipeline.cli.eval import eval_cmd
-from pipeline.serve.command import serve_cmd
+from pipeline.cli.serve import serve_cmd
 
 app.command("ingest")(ingest.ingest_cmd)
 app.command("watch")(ingest.watch_cmd)

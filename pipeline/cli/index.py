@@ -31,6 +31,51 @@ EmbedderOpt = Annotated[
     typer.Option("--embedder", help="Embedder spec (default: the index's own, else the offline ONNX model)."),
 ]
 
+IndexExecutorOpt = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        metavar="local|ray",
+        help="Who embeds: this process, or a pool of actors on a Ray cluster (pip install 'chunkyard\\[ray]'); "
+        "the writes stay here.",
+    ),
+]
+IndexAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        metavar="HOST:PORT",
+        help="The Ray cluster, with --executor ray (default: RAY_ADDRESS, else a cluster on this machine).",
+    ),
+]
+BatchSizeOpt = Annotated[
+    int, typer.Option("--batch-size", min=0, help="Texts per embedding batch (0 = the default).")
+]
+ActorsOpt = Annotated[
+    int,
+    typer.Option(
+        "--actors",
+        min=0,
+        help="Ray actors, each with its own model (0 = one per --cpus-per-actor CPUs or GPU share).",
+    ),
+]
+CpusPerActorOpt = Annotated[
+    int,
+    typer.Option("--cpus-per-actor", min=0, help="CPUs and model threads per Ray actor (0 = the default)."),
+]
+NumGpusOpt = Annotated[
+    float, typer.Option("--num-gpus", min=0.0, help="GPUs per Ray actor (fractions share a GPU).")
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        metavar="cpu|cuda|auto",
+        help="Where the model runs (here, or in each Ray actor): cuda fails (exit 2) without a usable GPU, "
+        "auto falls back to the CPU and says so.",
+    ),
+]
+
 
 def _mismatch(exc: Any, json_out: bool) -> typer.Exit:
     """An index built with another embedder or analyzer: 001's code, the rebuild command, exit 2."""
@@ -51,11 +96,28 @@ def index_cmd(
     rebuild: Annotated[
         bool, typer.Option("--rebuild", help="Build a new index (e.g. another --embedder) and swap it in.")
     ] = False,
+    lang: Annotated[
+        str | None,
+        typer.Option(
+            "--lang",
+            help="The corpus's language, for a new index or --rebuild: zh, ja, ko (CJK bigram analyzer, "
+            "multilingual embedder when installed), en…; default auto: detected from the chunks.",
+        ),
+    ] = None,
     wait: WaitOpt = True,
+    executor: IndexExecutorOpt = "local",
+    address: IndexAddressOpt = None,
+    batch_size: BatchSizeOpt = 0,
+    actors: ActorsOpt = 0,
+    cpus_per_actor: CpusPerActorOpt = 0,
+    num_gpus: NumGpusOpt = 0.0,
+    device: DeviceOpt = "cpu",
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Apply the change feed to the vector index: embed only what changed, delete what went."""
+    from pipeline.index.batches import EmbedExecution
+    from pipeline.index.embed_ray import make_executor
     from pipeline.index.sync import index
     from pipeline.index.vector_store import IndexMismatchError
 
@@ -72,7 +134,18 @@ def index_cmd(
         if not quiet and not json_out:
             err.print(f"waiting for {escape(holder)} to finish with the index…")
 
+    def on_note(message: str) -> None:
+        if not quiet:
+            err.print(f"[yellow]{escape(message)}[/]", highlight=False)
+
+    execution = EmbedExecution(executor, address, batch_size, actors, cpus_per_actor, num_gpus, device)
+    remote = None
     try:
+        if executor == "ray":  # before anything is read: a missing Ray is a setup error
+            from pipeline.run.ray_executor import require_ray
+
+            require_ray()
+        remote = make_executor(execution, on_note)
         with progress:
             report = index(
                 out,
@@ -83,11 +156,19 @@ def index_cmd(
                 wait=wait,
                 on_progress=on_progress,
                 on_wait=on_wait,
+                executor=remote,
+                device=device,
+                batch_size=batch_size or None,
+                on_note=on_note,
+                lang=lang,
             )
     except IndexMismatchError as exc:
         raise _mismatch(exc, json_out) from None
     except PipelineError as exc:
         raise usage_error(exc, json_out) from None
+    finally:
+        if remote is not None:
+            remote.close()
     if json_out:
         sys.stdout.write(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
         return
@@ -118,6 +199,19 @@ def index_cmd(
             f"[yellow]{report.truncated} chunk(s) exceed the embedder's window of {report.max_tokens} "
             "wordpieces: only their beginning is embedded[/]"
         )
+    if report.embedded_on:
+        where = report.embedded_on
+        nodes = ", ".join(f"{node[:12]}: {n}" for node, n in where["texts_by_node"].items())
+        out_console.print(
+            f"embedded on Ray: {where['batches']} batches, {where['actors']} actors, "
+            f"{where['resent']} re-sent; texts by node: {escape(nodes) or 'none'}",
+            highlight=False,
+        )
+    out_console.print(
+        f"embedder {escape(report.embed_model)}: {escape(report.embedder_reason)}; "
+        f"analyzer {escape(report.analyzer)}: {escape(report.analyzer_reason)}",
+        highlight=False,
+    )
     out_console.print(
         f"{escape(report.store)} · {escape(report.embed_model)} · index_hash {escape(report.index_hash)} "
         f"· {report.seconds:.2f} s",

@@ -9,6 +9,8 @@ for the protocol) and a model's runtime (onnxruntime, torch) loads only when it 
   ONNX on the CPU; the specs ``None``, ``"default"``, ``"onnx"`` and
   ``"onnx:all-MiniLM-L6-v2-int8"`` name it.
 * ``st`` (``pipeline.index.embed_st``): ``st:NAME``, a sentence-transformers model by name or path.
+* ``e5`` (``pipeline.index.embed_e5``): multilingual-e5-small, 4-bit, offline (extra
+  ``multilingual``); for Chinese, Japanese and Korean text.
 * ``openai`` (``pipeline.index.embed_openai``): ``openai:MODEL@http://HOST:PORT/v1``, an
   OpenAI-compatible ``/v1/embeddings`` server (``pipeline.index.serve_embeddings`` serves the
   ONNX model).
@@ -101,6 +103,7 @@ def register_embedder(
 register_embedder("onnx", "pipeline.index.embed_onnx:make_onnx", usage=DEFAULT_EMBEDDER)
 register_embedder("st", "pipeline.index.embed_st:make_st")
 register_embedder("openai", "pipeline.index.embed_openai:make_openai", usage="openai:MODEL@URL")
+register_embedder("e5", "pipeline.index.embed_e5:make_e5", usage="e5")
 
 
 def make_embedder(

@@ -21,7 +21,8 @@ import numpy as np
 import orjson
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import LANCE_ANALYZER, analyze
+from pipeline.index.analyzer import LANCE_ANALYZER
+from pipeline.index.analyzers import analysis
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
@@ -55,6 +56,17 @@ class LanceStore:
         self._dim = dim or int(self.meta().get("dim", "0") or 0)
         self._chunks: Any = self._open("chunks")
         self._cache: Any = self._open("cache")
+        #: the index's own analyzer (a new index: the default, until a run chooses another)
+        self.analyzer = self.meta().get("analyzer") or LANCE_ANALYZER
+
+    def _analyze(self, text: str) -> str:
+        """``text`` as the full-text index gets it, by the index's analyzer (runs check it is known)."""
+        found = analysis(self.analyzer, LANCE_ANALYZER)
+        if found is None:
+            raise StoreError(
+                f"{self.path}: unknown BM25 analyzer {self.analyzer!r} (hint: rebuild with --rebuild)"
+            )
+        return found.analyze(text)
 
     def _open(self, name: str) -> Any:
         try:
@@ -239,7 +251,7 @@ class LanceStore:
                     "section_id": row.section_id,
                     "source_file": row.source_file,
                     "text": row.text,
-                    "body": analyze(row.embed_text),
+                    "body": self._analyze(row.embed_text),
                     "payload": row.to_json().decode(),
                     "vector": np.asarray(vec, dtype=np.float32),
                 }

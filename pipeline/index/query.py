@@ -28,10 +28,10 @@ from typing import Any, Self
 import blake3
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import query_terms
 from pipeline.index.expand import DEFAULT_BUDGET, SCOPES
 from pipeline.index.fusion import FUSIONS, MISSING_Z, MODES, RRF_K, Candidate, fuse, score_norm, zscores
 from pipeline.index.identity import check_compatible, rebuild_hint
+from pipeline.index.language import default_analyzer, hybrid_weights, require
 from pipeline.index.passages import MERGE_DEPTH, Passages
 from pipeline.index.rows import ChunkRow
 from pipeline.index.scale import open_scale_search
@@ -60,7 +60,7 @@ class Searcher:
         expand_tokens: int = DEFAULT_BUDGET,
         corpus: Path | None = None,
         rrf_k: int = RRF_K,
-        weights: tuple[float, float] = (1.0, 1.0),
+        weights: tuple[float, float] | None = None,
         fusion: str = "zscore",
         passage_scope: str = "document",
     ) -> None:
@@ -75,7 +75,7 @@ class Searcher:
         self.passage_scope = passage_scope
         self.fusion = fusion
         self.rrf_k = rrf_k
-        self.weights = weights
+        self.weights = weights or (1.0, 1.0)
         """Hybrid fusion: ``w_bm25 * z_bm25 + w_dense * z_dense`` (or, with ``fusion="rrf"``,
         ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)``; the bench tunes them)."""
         self._passages = Passages(self.out, corpus, passage_scope)
@@ -84,12 +84,15 @@ class Searcher:
         if not self.meta.get("embed_model"):
             self.db.close()
             raise UsageError(f"{self.db.path}: the index is empty (hint: `chunkyard index --out {out}`)")
+        if weights is None:  # the language's: a weak dense side never drags BM25 down
+            self.weights = hybrid_weights(self.meta)
         self._embedder = embedder
         self._store_arg = store
         self._executor: ThreadPoolExecutor | None = None
         self._lexical_db: VectorStore | None = None
         self._scale = open_scale_search(self.db.kind, self.db.path, int(self.meta.get("dim", "0") or 0))
         hint = rebuild_hint(str(out), str(store) if store else None, None)
+        require(self.db.analyzer, default_analyzer(self.db), where=str(self.db.path), hint=hint)
         wanted: dict[str, str] = {"analyzer": self.db.analyzer}
         if embedder is not None and not isinstance(embedder, str):
             from pipeline.index.identity import embedder_config
@@ -201,7 +204,7 @@ class Searcher:
         elif mode in ("hybrid", "bm25"):
             bm25, by_substring = self._lexical(self.db, query, depth)
         if mode in ("hybrid", "dense"):
-            vector = self.embedder.embed([query])[0]
+            vector = getattr(self.embedder, "embed_query", self.embedder.embed)([query])[0]
             scaled = self._scale.dense(vector, depth) if self._scale is not None else None
             dense = self.db.dense(vector, depth) if scaled is None else scaled
         if lexical is not None:
@@ -230,8 +233,11 @@ class Searcher:
 
     def _lexical(self, db: VectorStore, query: str, depth: int) -> tuple[list[tuple[str, float]], bool]:
         """BM25 hits (the scale index's while it is current), else chunks containing the
-        query's text (then ``True``: say so)."""
-        terms = query_terms(query)
+        query's text (then ``True``: say so). The query is analyzed by the index's analyzer."""
+        analysis = require(
+            db.analyzer, default_analyzer(db), where=str(db.path), hint="chunkyard index --rebuild"
+        )
+        terms = analysis.query_terms(query)
         scaled = self._scale.lexical(terms, depth) if self._scale is not None else None
         hits = db.lexical(terms, depth) if scaled is None else scaled
         if hits:

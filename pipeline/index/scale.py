@@ -22,7 +22,7 @@ stop meeting the latency goal; below it exact search is as fast and exactly righ
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from pipeline.errors import UsageError
 from pipeline.index.rows import ChunkRow, Vector
+from pipeline.index.scale_reader import StoreReader, stamp
 from pipeline.index.vector_store import TIE_MARGIN, best_first
 
 SCALE_ENV = "CHUNKYARD_SCALE"
@@ -39,15 +40,11 @@ BM25_MIN_CHUNKS = 50_000
 #: From this many chunks on, dense search runs on the HNSW graph (``auto``).
 ANN_MIN_CHUNKS = 100_000
 #: The graph is asked for this many times ``k + TIE_MARGIN`` candidates; they are scored
-#: again with the stored float32 vectors and cut at k (int8 distances misorder near ties).
-ANN_OVERFETCH = 2
-_BATCH = 500
-
-
-def stamp(meta: Mapping[str, str]) -> str:
-    """What a scale index records of the store it reflects: the generation and ``index_hash``
-    (a store built anew by ``--rebuild`` starts its generations again; its hash differs)."""
-    return f"{meta.get('generation', '0')}:{meta.get('index_hash', '')}"
+#: again with the stored float32 vectors and cut at k (more did not raise recall: the
+#: search's ``ef`` does).
+ANN_OVERFETCH = 1
+#: SQLite's memory map for the dense side's reader (its upper limit by default).
+MMAP_BYTES = 2_147_418_112
 
 
 def scale_mode() -> str:
@@ -87,7 +84,7 @@ def wanted(chunks: int) -> tuple[bool, bool]:
 
 #: The largest index each store was measured at (``make bench-search-scale``,
 #: docs/benchmarks.md): past it ``chunkyard index`` warns.
-MEASURED_MAX = {"sqlite-vec": 1_000_000, "sqlite-vec+scale": 1_000_000, "lancedb": 42_354}
+MEASURED_MAX = {"sqlite-vec+scale": 100_000, "lancedb": 42_354}
 
 
 def range_warning(kind: str, chunks: int) -> str | None:
@@ -95,14 +92,17 @@ def range_warning(kind: str, chunks: int) -> str | None:
     if kind == "lancedb" and chunks > MEASURED_MAX["lancedb"]:
         return (
             f"{chunks} chunks: the LanceDB store was measured up to {MEASURED_MAX['lancedb']} "
-            "(hint: the default SQLite store with the extra 'scale' is measured to 1,000,000)"
+            "(hint: the default SQLite store with the extra 'scale' holds more; docs/index.md)"
         )
     if kind == "sqlite-vec":
         missing = missing_extra(chunks)
         if missing is not None:
             return missing
         if chunks > MEASURED_MAX["sqlite-vec+scale"]:
-            return f"{chunks} chunks: past the largest index measured ({MEASURED_MAX['sqlite-vec+scale']}; docs/index.md)"
+            return (
+                f"{chunks} chunks: past the largest index measured with the scale indexes "
+                f"({MEASURED_MAX['sqlite-vec+scale']}; docs/index.md): search may be slower than documented"
+            )
     return None
 
 
@@ -116,92 +116,6 @@ def missing_extra(chunks: int) -> str | None:
         f"{chunks} chunks: past the size where exact BM25 and dense search stay fast "
         "(hint: pip install 'chunkyard[scale]' for the pruning BM25 and the HNSW index)"
     )
-
-
-class StoreReader:
-    """A connection of its own to the store file (WAL: it sees what was committed)."""
-
-    def __init__(self, path: Path) -> None:
-        import apsw
-        import sqlite_vec
-
-        self.path = Path(path)
-        self.conn = apsw.Connection(str(self.path), flags=apsw.SQLITE_OPEN_READONLY)
-        self.conn.set_busy_timeout(10_000)
-        self.conn.enable_load_extension(True)
-        self.conn.load_extension(sqlite_vec.loadable_path())
-        self.conn.enable_load_extension(False)
-
-    def generation(self) -> str:
-        """The store's ``stamp``: its generation and ``index_hash``."""
-        meta = {
-            str(k): str(v)
-            for k, v in self.conn.execute(
-                "SELECT key, value FROM meta WHERE key IN ('generation', 'index_hash')"
-            )
-        }
-        return stamp(meta)
-
-    def rowids(self, chunk_ids: Collection[str]) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for part in _parts(list(chunk_ids)):
-            marks = ",".join("?" * len(part))
-            for cid, rowid in self.conn.execute(
-                f"SELECT chunk_id, rowid FROM chunks WHERE chunk_id IN ({marks})", part
-            ):
-                found[str(cid)] = int(rowid)
-        return found
-
-    def ids(self, rowids: Sequence[int]) -> dict[int, str]:
-        found: dict[int, str] = {}
-        for part in _parts(list(rowids)):
-            marks = ",".join("?" * len(part))
-            for rowid, cid in self.conn.execute(
-                f"SELECT rowid, chunk_id FROM chunks WHERE rowid IN ({marks})", part
-            ):
-                found[int(rowid)] = str(cid)
-        return found
-
-    def cosine(self, rowids: Sequence[int], vector: Vector) -> list[tuple[str, float]]:
-        """``(chunk_id, cosine similarity)`` of these rows, computed by vec0 as exact search does."""
-        raw = np.asarray(vector, dtype=np.float32).tobytes()
-        hits: list[tuple[str, float]] = []
-        for part in _parts(list(rowids)):
-            marks = ",".join("?" * len(part))
-            for cid, dist in self.conn.execute(
-                "SELECT c.chunk_id, vec_distance_cosine(v.embedding, ?) FROM chunks c "
-                f"JOIN vectors v ON v.chunk_id = c.chunk_id WHERE c.rowid IN ({marks})",
-                [raw, *part],
-            ):
-                hits.append((str(cid), 1.0 - float(dist)))
-        return hits
-
-    def texts(self) -> Iterator[tuple[int, str]]:
-        """Every row's rowid and analyzed ``embedText`` (what its FTS5 row holds)."""
-        for rowid, body in self.conn.execute("SELECT rowid, body FROM fts"):
-            yield int(rowid), str(body)
-
-    def vectors(self, dim: int) -> tuple[Any, Any]:
-        """Every row's rowid and vector: ``(uint64 keys, float32 matrix)``."""
-        keys: list[int] = []
-        blobs: list[bytes] = []
-        for rowid, blob in self.conn.execute(
-            "SELECT c.rowid, v.embedding FROM chunks c JOIN vectors v ON v.chunk_id = c.chunk_id"
-        ):
-            keys.append(int(rowid))
-            blobs.append(blob)
-        matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(-1, dim) if blobs else None
-        return np.asarray(keys, dtype=np.uint64), (
-            matrix if matrix is not None else np.zeros((0, dim), dtype=np.float32)
-        )
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-def _parts(items: list[Any]) -> Iterator[list[Any]]:
-    for i in range(0, len(items), _BATCH):
-        yield items[i : i + _BATCH]
 
 
 def scale_sync(kind: str, path: Path, dim: int, report: Any) -> ScaleSync | None:
@@ -368,6 +282,9 @@ class ScaleSearch:
 
         self.store_path = Path(store_path)
         self.reader = StoreReader(self.store_path)  # dense's; BM25 may run in another thread:
+        # the candidates' float32 vectors are read from vec0's blocks: mapped, a read is a
+        # memory access instead of a walk of the block's overflow pages through read calls
+        self.reader.conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
         self.lexical_reader = StoreReader(self.store_path)  # apsw connections are not shared across threads
         self.stale: set[str] = set()
         folder = bm25_tantivy.folder_for(self.store_path)

@@ -6,6 +6,10 @@ For a machine that embeds for several others, or to try the ``openai:`` embedder
 account: ``openai:all-MiniLM-L6-v2@http://127.0.0.1:8000/v1`` gives the vectors the in-process
 default gives. Standard library only (``http.server``) plus the ``embed`` extra.
 
+``--max-input-tokens N`` refuses (HTTP 400, ``context_length_exceeded``) any input longer
+than ``N`` wordpieces, as OpenAI's API refuses inputs past its model's context instead of
+cutting them: a client can be tried against that refusal without an account.
+
 Endpoints: ``POST /v1/embeddings`` (``{"model", "input": str | [str], "encoding_format":
 "float"}``), ``GET /v1/models`` and ``GET /v1/models/{id}``. Errors are OpenAI's shape,
 ``{"error": {"message", "type", "code"}}``. Once listening it prints one line,
@@ -130,6 +134,19 @@ class EmbeddingsHandler(BaseHTTPRequestHandler):
             return
         assert isinstance(self.server, EmbeddingsServer)
         embedder = self.server.embedder
+        limit = self.server.max_input_tokens
+        too_long = [i for i, t in enumerate(texts) if limit and embedder.count_tokens(t) > limit]
+        if too_long:
+            first = texts[too_long[0]]
+            self._error(
+                ApiError(
+                    HTTPStatus.BAD_REQUEST,
+                    f"This model's maximum context length is {limit} tokens, however input "
+                    f"{too_long[0]} has {embedder.count_tokens(first)} tokens. Please reduce the length of the input.",
+                    "context_length_exceeded",
+                )
+            )
+            return
         vectors = embedder.embed(texts)
         used = sum(min(embedder.count_tokens(t) + 2, embedder.max_tokens) for t in texts)
         data = [
@@ -144,10 +161,14 @@ class EmbeddingsServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, threads: int | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, threads: int | None = None, max_input_tokens: int = 0
+    ) -> None:
         super().__init__((host, port), EmbeddingsHandler)
         self.embedder = OnnxEmbedder(threads=threads)
         self.verbose = False
+        #: inputs longer than this many wordpieces are refused (0: none; the model cuts at its window)
+        self.max_input_tokens = max_input_tokens
 
     @property
     def base_url(self) -> str:
@@ -172,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         "--allow-remote", action="store_true", help="allow a --host that is not a loopback address"
     )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    parser.add_argument(
+        "--max-input-tokens",
+        type=int,
+        default=0,
+        help="refuse inputs longer than this many wordpieces, as OpenAI does past a model's context (0: none)",
+    )
     args = parser.parse_args(argv)
     try:
         loopback = ipaddress.ip_address(args.host).is_loopback
@@ -181,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--host {args.host} is not a loopback address; add --allow-remote to serve other machines"
         )
-    server = EmbeddingsServer(args.host, args.port, args.threads)
+    server = EmbeddingsServer(args.host, args.port, args.threads, args.max_input_tokens)
     server.verbose = args.verbose
     server.embedder.embed(["warm up"])  # load the model before saying ready
     print(f"serving {MODEL_ID} on {server.base_url}", flush=True)

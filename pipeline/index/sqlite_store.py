@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UsageError
-from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, analyze, fts5_query
+from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, fts5_query
+from pipeline.index.analyzers import analysis
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
@@ -112,6 +113,17 @@ class SqliteStore:
             )
         except apsw.Error as exc:
             raise StoreError(f"{self.path}: cannot set up the index ({exc})") from None
+        #: the index's own analyzer (a new index: the default, until a run chooses another)
+        self.analyzer = self.meta().get("analyzer") or ANALYZER
+
+    def _analyze(self, text: str) -> str:
+        """``text`` as the full-text index gets it, by the index's analyzer (runs check it is known)."""
+        found = analysis(self.analyzer, ANALYZER)
+        if found is None:
+            raise StoreError(
+                f"{self.path}: unknown BM25 analyzer {self.analyzer!r} (hint: rebuild with --rebuild)"
+            )
+        return found.analyze(text)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -299,8 +311,14 @@ class SqliteStore:
                 self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
             for cid in sorted(deletes):
                 self._drop(cid, keep_vector=False)
+            stored = self._stored_ids([row.chunk_id for row, vector in upserts if vector is not None])
+            fresh: list[tuple[ChunkRow, Vector]] = []
             for row, vector in upserts:
-                self._put(row, vector)
+                if vector is not None and row.chunk_id not in stored:
+                    fresh.append((row, vector))
+                else:
+                    self._put(row, vector)
+            self._insert_fresh(fresh)
             self._conn.executemany(
                 "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", sorted(meta.items())
             )
@@ -338,6 +356,60 @@ class SqliteStore:
                 f"embedding float[{int(dim)}] distance_metric=cosine)"
             )
 
+    def _vector_ids(self, chunk_ids: list[str]) -> set[str]:
+        """Those of ``chunk_ids`` that have a vector, from vec0's id table (sqlite-vec 0.1's
+        layout); all of them when that table cannot be read (each is then deleted, if there)."""
+        import apsw
+
+        if not self._has_vectors():
+            return set()
+        found: set[str] = set()
+        try:
+            for part in _parts(chunk_ids):
+                marks = ",".join("?" * len(part))
+                found.update(
+                    str(cid)
+                    for (cid,) in self._conn.execute(
+                        f"SELECT id FROM vectors_rowids WHERE id IN ({marks})", part
+                    )
+                )
+        except apsw.Error:
+            return set(chunk_ids)
+        return found
+
+    def _stored_ids(self, chunk_ids: list[str]) -> set[str]:
+        """Those of ``chunk_ids`` the store holds rows for."""
+        found: set[str] = set()
+        for part in _parts(chunk_ids):
+            marks = ",".join("?" * len(part))
+            found.update(
+                cid
+                for (cid,) in self._conn.execute(
+                    f"SELECT chunk_id FROM chunks WHERE chunk_id IN ({marks})", part
+                )
+            )
+        return found
+
+    def _insert_fresh(self, rows: Sequence[tuple[ChunkRow, Vector]]) -> None:
+        """Rows the store does not hold yet, with their vectors: three ``executemany`` in all,
+        no per-row lookups or deletes (a new index writes every row this way)."""
+        if not rows:
+            return
+        orphans = self._vector_ids([r.chunk_id for r, _ in rows])  # a drifted store: a vector without its row
+        if orphans:
+            self._conn.executemany(
+                "DELETE FROM vectors WHERE chunk_id = ?", [(cid,) for cid in sorted(orphans)]
+            )
+        self._conn.executemany(_INSERT, [(*(getattr(r, c) for c in _INSERTED), r.to_json()) for r, _ in rows])
+        self._conn.executemany(
+            "INSERT INTO fts(rowid, body) SELECT rowid, ? FROM chunks WHERE chunk_id = ?",
+            [(self._analyze(r.embed_text), r.chunk_id) for r, _ in rows],
+        )
+        self._conn.executemany(
+            "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",
+            [(r.chunk_id, np.asarray(v, dtype=np.float32).tobytes()) for r, v in rows],
+        )
+
     def _drop(self, cid: str, *, keep_vector: bool) -> None:
         found = list(self._conn.execute("SELECT rowid FROM chunks WHERE chunk_id = ?", (cid,)))
         if found:
@@ -358,7 +430,9 @@ class SqliteStore:
         self._drop(row.chunk_id, keep_vector=vector is None)
         self._conn.execute(_INSERT, (*(getattr(row, c) for c in _INSERTED), row.to_json()))
         rowid = self._conn.last_insert_rowid()
-        self._conn.execute("INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, analyze(row.embed_text)))
+        self._conn.execute(
+            "INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, self._analyze(row.embed_text))
+        )
         if vector is not None:
             self._conn.execute(
                 "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",

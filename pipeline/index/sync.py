@@ -9,9 +9,10 @@ One run:
    full: every chunk file, and what the store holds beyond them is deleted.
 2. **Embed** only the texts no vector is known for (``pipeline.index.embed_step``, through an
    ``EmbedExecutor``): the cache is keyed by (embedder name, digest of ``embedText``), so a
-   moved chunk, a redirect, a renamed document or an mtime reset costs nothing. Computed
-   vectors are committed to the cache batch by batch: a killed run keeps them, the
-   searchable index is not touched yet.
+   moved chunk, a redirect, a renamed document or an mtime reset costs nothing. The executor
+   is this process (on ``device``) or a pool of Ray actors (``pipeline.index.embed_ray``).
+   Computed vectors are committed to the cache batch by batch as they come back: a killed
+   run keeps them, the searchable index is not touched yet.
 3. **Commit** the upserts, deletes, the new cursor and ``index_hash`` in one transaction.
    Until then readers see the previous index whole; a failure anywhere leaves it as it was.
 
@@ -21,6 +22,7 @@ One writer per store (a lock file beside it); a second run waits, or fails at on
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,7 +31,9 @@ from typing import Any
 
 from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import UsageError
+from pipeline.index.batches import BatchRejectedError, Say
 from pipeline.index.embed_step import EmbedExecutor, Progress, embed_uncached
+from pipeline.index.embedders import EmbedderError
 from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.index.identity import (
     FORMAT,
@@ -39,6 +43,7 @@ from pipeline.index.identity import (
     rebuild_hint,
     summarize,
 )
+from pipeline.index.language import Choice, choose, embedder_for, require
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.scale import scale_sync, settle_scale
@@ -58,6 +63,9 @@ class IndexReport:
         truncated: indexed chunks longer than the embedder's window (``max_tokens``):
             only their first ``max_tokens`` wordpieces are embedded.
         full: every chunk file was read (reconcile, a new index, or a lost cursor: ``reason``).
+        embedded_on: where the texts were embedded, from the executor's ``summary`` (Ray:
+            actors, batches, batches re-sent after a lost actor, texts and device per node);
+            empty for a local run.
     """
 
     store: str
@@ -82,6 +90,10 @@ class IndexReport:
     fixed: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    embedded_on: dict[str, Any] = field(default_factory=dict)
+    analyzer: str = ""  #: the BM25 analyzer the index reads and writes with
+    analyzer_reason: str = ""  #: why that one (``--lang``, the index's own, or detected)
+    embedder_reason: str = ""  #: why that embedder (``--embedder``, the index's own, or the language)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +110,10 @@ def index(
     on_progress: Progress | None = None,
     on_wait: Callable[[str], None] | None = None,
     executor: EmbedExecutor | None = None,
+    device: str = "cpu",
+    batch_size: int | None = None,
+    on_note: Say | None = None,
+    lang: str | None = None,
 ) -> IndexReport:
     """Bring the index of the chunk folder ``out`` up to date with its change feed.
 
@@ -109,7 +125,15 @@ def index(
         reconcile: compare the index with every chunk file and repair what differs.
         rebuild: build a new index beside the old one (another embedder, say) and swap it in.
         wait: wait for another run holding the store's lock (else fail at once).
-        executor: where texts are embedded (default: in this process, batch after batch).
+        executor: where texts are embedded (default: in this process, batch after batch;
+            ``pipeline.index.embed_ray.make_executor`` makes the Ray one).
+        device: ``cpu``, ``cuda`` or ``auto`` for a model made here (``pipeline.index.device``);
+            a Ray executor resolves its own device in each actor.
+        batch_size: texts per batch (``None``: ``embed_step``'s default).
+        on_note: told what the user should know that is no error (``--device auto`` falling
+            back to the CPU).
+        lang: ``--lang``: the corpus's language, which picks the BM25 analyzer of a new index
+            (``None`` or ``auto``: the index's own, else detected; ``pipeline.index.language``).
 
     Raises:
         IndexMismatchError: the embedder or analyzer differs from the index's.
@@ -120,12 +144,23 @@ def index(
     if not (out / STATE_DIR).is_dir():
         raise UsageError(f"{out}: not a chunk folder (hint: run `chunkyard ingest CORPUS --out {out}` first)")
     kind, path = store_spec(out, store)
+    how = _Embedding(executor, "cpu" if executor is not None else device, batch_size, on_note)
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
-            return _rebuild(out, store, kind, path, embedder, on_progress, executor)
+            return _rebuild(out, store, kind, path, embedder, on_progress, how, lang)
         return _run(
-            out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, executor=executor
+            out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, how=how, lang=lang
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Embedding:
+    """How this run embeds: the executor (``None``: here), the local device, the batch size."""
+
+    executor: EmbedExecutor | None = None
+    device: str = "cpu"
+    batch_size: int | None = None
+    on_note: Say | None = None
 
 
 def _run(
@@ -137,22 +172,33 @@ def _run(
     *,
     reconcile: bool,
     on_progress: Progress | None,
-    executor: EmbedExecutor | None = None,
+    how: _Embedding,
+    lang: str | None = None,
 ) -> IndexReport:
-    """One run on the store at ``path``: plan, embed what is new, commit (module docstring)."""
+    """One run on the store at ``path``: plan, embed what is new, commit (module docstring).
+    The analyzer and, for a new index, the embedder follow the language (``pipeline.index.language``)."""
     started = time.perf_counter()
     stored = _stored_meta(kind, path)
-    embedder, spec = _embedder(embedder, stored)
-    wanted = {**embedder_config(embedder), "analyzer": analyzer_of(kind)}
+    store_hint = str(store_arg) if store_arg else None
+    language = choose(out, lang, stored, analyzer_of(kind), hint=rebuild_hint(str(out), store_hint, None))
+    embedder, embedder_reason = _embedder_choice(embedder, stored, language)
+    embedder, spec = _embedder(embedder, stored, how.device, how.on_note)
+    wanted = {**embedder_config(embedder), "analyzer": language.analyzer}
+    require(
+        language.analyzer, analyzer_of(kind), where=str(path), hint=rebuild_hint(str(out), store_hint, spec)
+    )
     _check_follows(out, store_arg, path, stored, wanted, spec)
     db = open_at(kind, path, dim=embedder.dim)
+    db.analyzer = language.analyzer
     try:
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
+        report.analyzer, report.analyzer_reason = language.analyzer, language.reason
+        report.embedder_reason = embedder_reason
         report.reconcile = reconcile
         plan = _plan(out, db, stored, report)
         if on_progress:
             on_progress("plan", len(plan.upserts), len(plan.upserts))
-        upserts = _rows_to_write(db, embedder, plan, report, executor, on_progress)
+        upserts = _rows_to_write(db, embedder, plan, report, how, on_progress)
         meta = _next_meta(
             db, stored, {**wanted, "out": str(out.resolve()), "embed_spec": spec}, plan, upserts, report
         )
@@ -270,16 +316,36 @@ def _stored_meta(kind: str, path: Path) -> dict[str, str]:
         db.close()
 
 
-def _embedder(embedder: Any, stored: dict[str, str]) -> tuple[Any, str]:
-    """The embedder object and the spec that makes it again (kept in the index's meta)."""
+def _embedder(
+    embedder: Any, stored: dict[str, str], device: str = "cpu", on_note: Say | None = None
+) -> tuple[Any, str]:
+    """The embedder object and the spec that makes it again (kept in the index's meta).
+
+    One made here from a spec runs on ``device`` (resolved: ``auto`` says where it fell back)
+    and carries that spec as ``spec``: a remote executor makes the same model from it.
+    """
     if embedder is not None and not isinstance(embedder, str):
         if stored.get("embed_model") == embedder.name and stored.get("embed_spec"):
             return embedder, stored["embed_spec"]  # the same model, made by the caller (watch keeps one)
         return embedder, str(getattr(embedder, "spec", "") or embedder.name)
+    from pipeline.index.device import resolve_device
     from pipeline.index.embedders import make_embedder
 
     spec = embedder or stored.get("embed_spec") or "default"
-    return make_embedder(spec), spec
+    resolved = resolve_device(device, spec, on_note)
+    made = make_embedder(spec, device=None if resolved == "cpu" else resolved)
+    with contextlib.suppress(AttributeError):  # a class with __slots__ and no room for it
+        made.spec = spec  # type: ignore[attr-defined]
+    return made, spec
+
+
+def _embedder_choice(embedder: Any, stored: dict[str, str], language: Choice) -> tuple[Any, str]:
+    """``embedder`` (or the index's own) and why; for a new index without one, the language's."""
+    if embedder is not None:
+        return embedder, "--embedder"
+    if stored.get("embed_spec"):
+        return None, "the index's own"
+    return embedder_for(language)
 
 
 def _state_of(row: ChunkRow) -> RowState:
@@ -291,7 +357,7 @@ def _rows_to_write(
     embedder: Any,
     plan: FeedPlan[RowState],
     report: IndexReport,
-    executor: EmbedExecutor | None,
+    how: _Embedding,
     on_progress: Progress | None,
 ) -> list[tuple[ChunkRow, Vector | None]]:
     """Rows to write with their vectors: cached, computed (and cached at once), or kept
@@ -317,9 +383,19 @@ def _rows_to_write(
             report.updated += 1
             report.fixed.setdefault("stale", []).append(cid)
         todo.append(row)
-    done = embed_uncached(
-        db, embedder, [(r.digest, r.embed_text) for r in todo], executor=executor, on_progress=on_progress
-    )
+    try:
+        done = embed_uncached(
+            db,
+            embedder,
+            [(r.digest, r.embed_text) for r in todo],
+            executor=how.executor,
+            batch_size=how.batch_size,
+            on_progress=on_progress,
+        )
+    except BatchRejectedError as exc:
+        raise EmbedderError(_rejected(exc, todo)) from None
+    finally:
+        report.embedded_on = dict(getattr(how.executor, "summary", None) or {})
     report.cache_hits, report.embedded = done.cache_hits, done.embedded
     for r in todo:
         vector, tokens = done.vectors[r.digest]
@@ -329,6 +405,18 @@ def _rows_to_write(
     return upserts
 
 
+def _rejected(exc: BatchRejectedError, todo: list[ChunkRow]) -> str:
+    """The message for a batch the embedder refused: its chunk ids, the reason, what to do."""
+    digests = set(exc.digests)
+    ids = sorted(r.chunk_id for r in todo if r.digest in digests)
+    shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+    return (
+        f"the embedder refused a batch of {len(ids)} chunk(s) ({shown}): {exc.reason} "
+        "(hint: fix or shorten those chunks, or use another --embedder; the index is unchanged, "
+        "and the vectors embedded so far are cached for the next run)"
+    )
+
+
 def _rebuild(
     out: Path,
     store_arg: str | Path | None,
@@ -336,16 +424,26 @@ def _rebuild(
     path: Path,
     embedder: Any,
     on_progress: Progress | None,
-    executor: EmbedExecutor | None,
+    how: _Embedding,
+    lang: str | None = None,
 ) -> IndexReport:
-    """A fresh index built beside the old one, then swapped in: the old stays searchable until then."""
+    """A fresh index built beside the old one, then swapped in: the old stays searchable until then.
+    Its analyzer is chosen afresh (``lang``, else detected), as for a new index."""
     if embedder is None:  # the same embedder as before: a rebuild from scratch
         embedder = _stored_meta(kind, path).get("embed_spec") or None
     report = rebuild_beside(
         kind,
         path,
         lambda fresh: _run(
-            out, store_arg, kind, fresh, embedder, reconcile=False, on_progress=on_progress, executor=executor
+            out,
+            store_arg,
+            kind,
+            fresh,
+            embedder,
+            reconcile=False,
+            on_progress=on_progress,
+            how=how,
+            lang=lang,
         ),
     )
     settle_scale(kind, path, report)  # the scale indexes follow the swapped-in store

@@ -174,8 +174,11 @@ class IndexHandle:
         last written, its size on disk (``exists`` false before the first index run)."""
         if not self.path.exists():
             return {"exists": False, "store": str(self.path)}
-        with self._slot() as slot:
-            meta = self._searcher(slot).db.meta()
+        try:
+            with self._slot() as slot:
+                meta = self._searcher(slot).db.meta()
+        except NoIndexError:  # the file is there, its first commit is not (serve --watch's first sync)
+            return {"exists": False, "store": str(self.path)}
         return {
             "exists": True,
             "store": str(self.path),

@@ -98,7 +98,8 @@ def run(corpus: Path, out: Path, store: str | None, debounce: float = DEFAULT_DE
     threading.Thread(target=input_closed, name="chunkyard-parent", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    opts = Options(corpus=corpus, out=out, jobs=1, wait=True)
+    # the first sync chunks with a pool, as `chunkyard watch` does; later ones in the watcher's thread
+    opts = Options(corpus=corpus, out=out, jobs=os.cpu_count() or 1, wait=True)
     watcher = Watcher(
         opts, debounce=debounce, on_sync=Indexer(out, store), on_warning=lambda m: say("warning", message=m)
     )

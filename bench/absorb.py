@@ -1,0 +1,111 @@
+"""The parent's side of ``index --executor ray``: how many vectors/s it absorbs, embedding left out.
+
+With a cluster embedding, the parent's work per vector is what bounds the run: it writes
+each returned batch to the vector cache (``put_cache``, one transaction per batch) and, at
+the end, the rows, vectors and BM25 text in one commit. This bench supplies the vectors
+(random unit vectors, 384 dims) for real chunk rows (rust-book, repeated under new ids up
+to ``--vectors``) and times both steps for each store, as the index's own code runs them.
+
+Usage: ``python bench/absorb.py [--vectors 20000] [--batch 128] [--stores sqlite lancedb]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CORPUS = ROOT.parent / "shared" / "corpora" / "rust-book"
+
+
+def chunk_rows(work: Path, wanted: int) -> list[Any]:
+    """``wanted`` rows from rust-book's chunks: the real ones, then copies under new ids and texts."""
+    import orjson
+
+    from pipeline.index.rows import ChunkRow, digest_text
+    from pipeline.run.ingest import Options, ingest
+
+    out = work / "chunks"
+    ingest(Options(corpus=CORPUS, out=out, jobs=2))
+    base = []
+    for path in sorted(out.rglob("*.json")):
+        if ".chunkyard" in path.parts:
+            continue
+        record = orjson.loads(path.read_bytes())
+        base.append(ChunkRow.from_record(record, path.relative_to(out).as_posix(), model_tokens=100))
+    rows = []
+    for i in range(wanted):
+        row = base[i % len(base)]
+        if i >= len(base):
+            text = f"{row.embed_text} ({i})"
+            row = replace(row, chunk_id=f"{row.chunk_id}~{i}", embed_text=text, digest=digest_text(text))
+        rows.append(row)
+    return rows
+
+
+def absorb(kind: str, path: Path, rows: list[Any], batch: int) -> dict[str, float]:
+    """Seconds to cache every vector batch by batch, then to commit them all: the parent's work."""
+    import numpy as np
+
+    from pipeline.index.vector_store import open_at
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((len(rows), 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    db = open_at(kind, path, dim=384)
+    try:
+        cpu = time.process_time()
+        started = time.perf_counter()
+        for i in range(0, len(rows), batch):
+            part = rows[i : i + batch]
+            db.put_cache("bench", {r.digest: (vectors[i + j], 100) for j, r in enumerate(part)})
+        cached, cpu_cached = time.perf_counter(), time.process_time()
+        meta = {"embed_model": "bench", "dim": "384", "generation": "1", "chunks": str(len(rows))}
+        db.commit(list(zip(rows, vectors, strict=True)), set(), meta, model="bench")
+        done, cpu_done = time.perf_counter(), time.process_time()
+    finally:
+        db.close()
+    n = len(rows)
+    return {
+        "vectors": n,
+        "cache_s": round(cached - started, 3),
+        "commit_s": round(done - cached, 3),
+        "cache_per_s": round(n / (cached - started)),
+        "commit_per_s": round(n / (done - cached)),
+        "total_per_s": round(n / (done - started)),
+        "us_per_vector": round((done - started) / n * 1e6, 1),
+        "cpu_cache_per_s": round(n / max(cpu_cached - cpu, 1e-9)),
+        "cpu_commit_per_s": round(n / max(cpu_done - cpu_cached, 1e-9)),
+        "cpu_total_per_s": round(n / max(cpu_done - cpu, 1e-9)),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--vectors", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=128, help="vectors per cache write (a returned batch)")
+    parser.add_argument("--stores", nargs="+", default=["sqlite", "lancedb"])
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cy-absorb-"))
+    try:
+        rows = chunk_rows(work, args.vectors)
+        results = {}
+        for kind in args.stores:
+            path = work / ("index.sqlite" if kind == "sqlite" else "index.lance")
+            results[kind] = absorb("lancedb" if kind == "lancedb" else "sqlite", path, rows, args.batch)
+            print(kind, json.dumps(results[kind]), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
