@@ -6,11 +6,15 @@ Where things go:
   this package's sync, the framework syncs of ``pipeline.adapters``, a user's own.
 - ``sync``: ``chunkyard index``: plan → drop texts the cache holds and embed the rest
   (``embed_step``, through an ``EmbedExecutor``) → commit rows, cursor and ``index_hash`` in
-  one transaction. ``rebuild``: a fresh index beside the old one, swapped in.
+  one transaction; ``sync_rows`` picks the rows to write and embeds what is new,
+  ``sync_report`` is the run's ``IndexReport``. ``rebuild``: a fresh index beside the old
+  one, swapped in.
 - ``embedders``: the ``Embedder`` protocol and the table of embedders (``register_embedder``);
   ``embed_onnx`` (the offline default), ``embed_st``, ``embed_openai`` implement it.
 - ``vector_store``: the ``VectorStore`` protocol and the table of store kinds
-  (``register_store``); ``sqlite_store`` and ``lance_store`` implement it. ``rows``: the row
+  (``register_store``); ``sqlite_store`` (over ``sqlite_db``: the file, its schema and
+  transactions, and ``sqlite_vectors``: vec0's tables read as one matrix) and ``lance_store``
+  implement it. ``rows``: the row
   and state types they share. ``identity``: what ``index_hash`` covers. ``registry``: the
   table both tables are.
 - ``query``: ``chunkyard search`` (``Searcher``); ``fusion`` ranks and normalises scores,

@@ -1,10 +1,7 @@
 """The default store: one SQLite file with sqlite-vec (vectors) and FTS5 (BM25).
 
-Why ``apsw`` and not ``pysqlite3-binary``: the stdlib ``sqlite3`` of many Pythons (this
-machine's pyenv build among them) cannot load extensions; ``apsw`` can, ships wheels for
-Linux, macOS and Windows with a current SQLite (FTS5 built in), and leaves transactions to
-us (no implicit ``BEGIN``), which is what an all-or-nothing ``commit`` needs.
-``pysqlite3-binary`` publishes Linux wheels only.
+The file itself (the connection, the schema, transactions) is ``pipeline.index.sqlite_db``;
+reading sqlite-vec's own tables (every vector as one matrix) is ``pipeline.index.sqlite_vectors``.
 
 Tables: ``meta`` (key → value), ``chunks`` (the payload; its rowid is the FTS row's),
 ``vectors`` (``vec0``, ``chunk_id TEXT PRIMARY KEY``, cosine), ``fts`` (FTS5 over the
@@ -16,51 +13,25 @@ committed index while ``index`` writes the next one.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from pipeline.errors import UsageError
-from pipeline.index.analyzer import ANALYZER, FTS5_TOKENIZE, fts5_query
+from pipeline.index.analyzer import ANALYZER, fts5_query
 from pipeline.index.analyzers import analysis
 from pipeline.index.rows import ChunkRow, RowState, Vector
+from pipeline.index.sqlite_db import in_batches, open_database, transaction
+from pipeline.index.sqlite_vectors import Matrix, ids_with_vectors, read_matrix
 from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 #: Cache entries no live chunk uses are kept this many runs (an edit undone, a file moved
 #: out and back in, cost no embedding), then pruned.
 CACHE_RUNS = 5
-_BATCH = 500  #: ids per ``IN (...)`` list
 #: Dense search takes this many candidates beyond k (the matrix path then scores them as vec0
 #: does); both cut at k after the tie-break, so equal scores across the cut resolve by chunk id.
 _MARGIN = TIE_MARGIN
 _COSINE = "SELECT vec_distance_cosine(?, ?)"
-_BLOCKS = "SELECT rowid, vectors FROM vectors_vector_chunks00"
-_WHERE = "SELECT id, chunk_id, chunk_offset FROM vectors_rowids WHERE chunk_id IS NOT NULL"
-
-
-def _connect(path: Path) -> Any:
-    try:
-        import apsw
-        import sqlite_vec
-    except ImportError as exc:
-        raise UsageError(
-            f"the SQLite index needs apsw and sqlite-vec ({exc.name} is missing) "
-            "(hint: pip install 'chunkyard[index]')"
-        ) from None
-    try:
-        conn = apsw.Connection(str(path))
-        conn.set_busy_timeout(10_000)
-        conn.enable_load_extension(True)
-        conn.load_extension(sqlite_vec.loadable_path())
-        conn.enable_load_extension(False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a killed process loses nothing committed
-    except apsw.Error as exc:
-        raise StoreError(f"{path}: cannot open the index ({exc}) (hint: is it a chunkyard index?)") from None
-    return conn
 
 
 #: The ``chunks`` columns a row's move may change while its embedded text (``digest``) stays;
@@ -82,37 +53,13 @@ class SqliteStore:
     analyzer = ANALYZER
 
     def __init__(self, path: Path, dim: int | None = None) -> None:
-        import apsw
-
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = _connect(self.path)
+        self._conn = open_database(self.path)
         self._dim = dim
         self._vectors_exist = False
         self._dense_calls = 0
-        self._cached_matrix: tuple[str, tuple[list[str], Any]] | None = None
-        try:
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-                "CREATE TABLE IF NOT EXISTS chunks(chunk_id TEXT NOT NULL UNIQUE, file TEXT NOT NULL,"
-                " hash TEXT NOT NULL, digest TEXT NOT NULL, row_digest TEXT NOT NULL,"
-                " model_tokens INTEGER NOT NULL, policy_hash TEXT NOT NULL, doc_id TEXT NOT NULL,"
-                " section_id TEXT NOT NULL,"
-                " source_file TEXT NOT NULL, text TEXT NOT NULL, payload BLOB NOT NULL);"
-                "CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);"
-                "CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source_file);"
-                # an incremental run reads the rows of the touched files; the cache's pruning
-                # looks for old entries and for digests still in use: none of them a full scan
-                "CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file);"
-                "CREATE INDEX IF NOT EXISTS chunks_digest ON chunks(digest);"
-                f"CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tokenize='{FTS5_TOKENIZE}');"
-                "CREATE TABLE IF NOT EXISTS embed_cache(model TEXT NOT NULL, digest TEXT NOT NULL,"
-                " vector BLOB NOT NULL, tokens INTEGER NOT NULL, used INTEGER NOT NULL,"
-                " PRIMARY KEY(model, digest)) WITHOUT ROWID;"
-                "CREATE INDEX IF NOT EXISTS embed_cache_used ON embed_cache(used);"
-            )
-        except apsw.Error as exc:
-            raise StoreError(f"{self.path}: cannot set up the index ({exc})") from None
+        self._cached_matrix: tuple[str, Matrix | None] | None = None
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or ANALYZER
 
@@ -141,7 +88,7 @@ class SqliteStore:
     def states_for(self, files: Collection[str], ids: Collection[str]) -> dict[str, RowState]:
         found: dict[str, RowState] = {}
         for column, values in (("file", files), ("chunk_id", ids)):
-            for part in _parts(sorted(values)):
+            for part in in_batches(sorted(values)):
                 for cid, file, h, digest, row_digest, tokens, policy in self._conn.execute(
                     "SELECT chunk_id, file, hash, digest, row_digest, model_tokens, policy_hash FROM chunks "
                     f"WHERE {column} IN ({','.join('?' * len(part))})",
@@ -152,7 +99,7 @@ class SqliteStore:
 
     def rows(self, chunk_ids: Collection[str]) -> dict[str, ChunkRow]:
         found: dict[str, ChunkRow] = {}
-        for part in _parts(list(chunk_ids)):
+        for part in in_batches(list(chunk_ids)):
             marks = ",".join("?" * len(part))
             for cid, payload in self._conn.execute(
                 f"SELECT chunk_id, payload FROM chunks WHERE chunk_id IN ({marks})", part
@@ -162,7 +109,7 @@ class SqliteStore:
 
     def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
         found: dict[str, tuple[Vector, int]] = {}
-        for part in _parts(list(digests)):
+        for part in in_batches(list(digests)):
             marks = ",".join("?" * len(part))
             for digest, blob, tokens in self._conn.execute(
                 f"SELECT digest, vector, tokens FROM embed_cache WHERE model = ? AND digest IN ({marks})",
@@ -201,44 +148,21 @@ class SqliteStore:
             return float(dist)
         raise StoreError(f"{self.path}: vec_distance_cosine returned nothing")
 
-    def _matrix(self) -> tuple[list[str], Any] | None:
+    def _matrix(self) -> Matrix | None:
         """Every stored vector as one in-memory matrix, for a ``Searcher`` asking many queries:
         one matrix product is much faster than vec0's scan (docs/benchmarks.md).
 
-        Read from vec0's own tables (sqlite-vec 0.1's layout: vectors in blocks, a row per id
-        with its block and offset) once, again whenever a run has committed since (meta
-        ``generation``). ``None`` (vec0's KNN answers) when the layout is not the expected one.
+        Read from vec0's own tables (``pipeline.index.sqlite_vectors``) once, again whenever a
+        run has committed since (meta ``generation``). ``None`` (vec0's KNN answers) when the
+        layout is not the expected one.
         """
-        import apsw
-
         meta = self.meta()
         generation = meta.get("generation", "")
         if self._cached_matrix is not None and self._cached_matrix[0] == generation:
             return self._cached_matrix[1]
-        try:
-            blocks = {int(b): blob for b, blob in self._conn.execute(_BLOCKS)}
-            where = [(str(cid), int(block), int(offset)) for cid, block, offset in self._conn.execute(_WHERE)]
-            count = int(next(iter(self._conn.execute("SELECT count(*) FROM chunks")))[0])
-        except apsw.Error:
-            return None
-        dim = int(meta.get("dim", "0") or 0)
-        if not dim or len(where) != count or any(len(b) % (dim * 4) for b in blocks.values()):
-            return None
-        base: dict[int, int] = {}
-        parts = []
-        rows = 0
-        for block, blob in sorted(blocks.items()):
-            base[block] = rows
-            parts.append(np.frombuffer(blob, dtype=np.float32).reshape(-1, dim))
-            rows += len(parts[-1])
-        if any(block not in base for _, block, _ in where):
-            return None
-        positions = np.array([base[block] + offset for _, block, offset in where], dtype=np.int64)
-        if len(positions) and int(positions.max()) >= rows:
-            return None
-        stacked = np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)
-        found = ([cid for cid, _, _ in where], np.ascontiguousarray(stacked[positions]))
-        self._cached_matrix = (generation, found)
+        found = read_matrix(self._conn, int(meta.get("dim", "0") or 0))
+        if found is not None:
+            self._cached_matrix = (generation, found)
         return found
 
     def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]]:
@@ -288,7 +212,7 @@ class SqliteStore:
         if not entries:
             return
         generation = int(self.meta().get("generation", "0"))
-        with self._transaction():
+        with transaction(self._conn, self.path):
             self._conn.executemany(
                 "INSERT OR REPLACE INTO embed_cache(model, digest, vector, tokens, used) VALUES (?,?,?,?,?)",
                 [
@@ -306,7 +230,7 @@ class SqliteStore:
         model: str,
     ) -> None:
         generation = int(meta.get("generation", "0"))
-        with self._transaction():
+        with transaction(self._conn, self.path):
             if upserts and any(v is not None for _, v in upserts):
                 self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
             for cid in sorted(deletes):
@@ -323,7 +247,7 @@ class SqliteStore:
                 "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", sorted(meta.items())
             )
             used = sorted({row.digest for row, _ in upserts})  # live digests are kept anyway (NOT IN below)
-            for part in _parts(used):
+            for part in in_batches(used):
                 self._conn.execute(
                     f"UPDATE embed_cache SET used = ? WHERE model = ? AND digest IN ({','.join('?' * len(part))})",
                     [generation, model, *part],
@@ -357,30 +281,13 @@ class SqliteStore:
             )
 
     def _vector_ids(self, chunk_ids: list[str]) -> set[str]:
-        """Those of ``chunk_ids`` that have a vector, from vec0's id table (sqlite-vec 0.1's
-        layout); all of them when that table cannot be read (each is then deleted, if there)."""
-        import apsw
-
-        if not self._has_vectors():
-            return set()
-        found: set[str] = set()
-        try:
-            for part in _parts(chunk_ids):
-                marks = ",".join("?" * len(part))
-                found.update(
-                    str(cid)
-                    for (cid,) in self._conn.execute(
-                        f"SELECT id FROM vectors_rowids WHERE id IN ({marks})", part
-                    )
-                )
-        except apsw.Error:
-            return set(chunk_ids)
-        return found
+        """Those of ``chunk_ids`` that have a vector (all of them when vec0's id table cannot be read)."""
+        return ids_with_vectors(self._conn, chunk_ids) if self._has_vectors() else set()
 
     def _stored_ids(self, chunk_ids: list[str]) -> set[str]:
         """Those of ``chunk_ids`` the store holds rows for."""
         found: set[str] = set()
-        for part in _parts(chunk_ids):
+        for part in in_batches(chunk_ids):
             marks = ",".join("?" * len(part))
             found.update(
                 cid
@@ -438,34 +345,3 @@ class SqliteStore:
                 "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",
                 (row.chunk_id, np.asarray(vector, dtype=np.float32).tobytes()),
             )
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception (a SIGKILL: SQLite's WAL)."""
-        import apsw
-
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except apsw.Error as exc:
-            raise StoreError(
-                f"{self.path}: the index is locked by another writer ({exc}) "
-                "(hint: wait for it, or find the process holding the file)"
-            ) from None
-        try:
-            yield
-            self._conn.execute("COMMIT")
-        except apsw.Error as exc:
-            if not self._conn.get_autocommit():
-                self._conn.execute("ROLLBACK")
-            raise StoreError(
-                f"{self.path}: the index could not be written ({exc}); it is as it was"
-            ) from None
-        except BaseException:
-            if not self._conn.get_autocommit():
-                self._conn.execute("ROLLBACK")
-            raise
-
-
-def _parts(items: list[str]) -> Iterator[list[str]]:
-    for i in range(0, len(items), _BATCH):
-        yield items[i : i + _BATCH]

@@ -25,15 +25,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.chunkfolder import STATE_DIR
 from pipeline.errors import UsageError
-from pipeline.index.batches import BatchRejectedError, Say
-from pipeline.index.embed_step import EmbedExecutor, Progress, embed_uncached
-from pipeline.index.embedders import EmbedderError
+from pipeline.index.batches import Say
+from pipeline.index.embed_step import EmbedExecutor, Progress
 from pipeline.index.feedplan import FeedPlan, plan_feed
 from pipeline.index.identity import (
     FORMAT,
@@ -47,56 +45,11 @@ from pipeline.index.language import Choice, choose, embedder_for, require
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.scale import scale_sync, settle_scale
+from pipeline.index.sync_report import IndexReport
+from pipeline.index.sync_rows import Embedding, rows_to_write, state_of
 from pipeline.index.vector_store import VectorStore, analyzer_of, open_at, store_lock, store_spec
 
-
-@dataclass(slots=True)
-class IndexReport:
-    """What one ``index`` run did (``schemas/index.schema.json``).
-
-    Attributes:
-        added: chunk ids new to the index. ``updated``: ids whose embedded text changed.
-        moved: ids whose text is the same but whose place, revision or file moved (no embedding).
-        deleted: ids removed. ``redirected``: feed redirects applied (old id gone, new id in).
-        embedded: texts sent to the embedder; ``cache_hits``: vectors taken from the cache.
-        skipped: touched chunks the index already held exactly.
-        truncated: indexed chunks longer than the embedder's window (``max_tokens``):
-            only their first ``max_tokens`` wordpieces are embedded.
-        full: every chunk file was read (reconcile, a new index, or a lost cursor: ``reason``).
-        embedded_on: where the texts were embedded, from the executor's ``summary`` (Ray:
-            actors, batches, batches re-sent after a lost actor, texts and device per node);
-            empty for a local run.
-    """
-
-    store: str
-    embed_model: str
-    index_hash: str = ""
-    cursor: str | None = None
-    changes: int = 0
-    added: int = 0
-    updated: int = 0
-    moved: int = 0
-    deleted: int = 0
-    redirected: int = 0
-    embedded: int = 0
-    cache_hits: int = 0
-    skipped: int = 0
-    chunks: int = 0
-    truncated: int = 0
-    max_tokens: int = 0
-    full: bool = False
-    reason: str = ""
-    reconcile: bool = False
-    fixed: dict[str, list[str]] = field(default_factory=dict)
-    seconds: float = 0.0
-    warnings: list[str] = field(default_factory=list)
-    embedded_on: dict[str, Any] = field(default_factory=dict)
-    analyzer: str = ""  #: the BM25 analyzer the index reads and writes with
-    analyzer_reason: str = ""  #: why that one (``--lang``, the index's own, or detected)
-    embedder_reason: str = ""  #: why that embedder (``--embedder``, the index's own, or the language)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["IndexReport", "index", "index_embedder"]
 
 
 def index(
@@ -144,23 +97,13 @@ def index(
     if not (out / STATE_DIR).is_dir():
         raise UsageError(f"{out}: not a chunk folder (hint: run `chunkyard ingest CORPUS --out {out}` first)")
     kind, path = store_spec(out, store)
-    how = _Embedding(executor, "cpu" if executor is not None else device, batch_size, on_note)
+    how = Embedding(executor, "cpu" if executor is not None else device, batch_size, on_note)
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
             return _rebuild(out, store, kind, path, embedder, on_progress, how, lang)
         return _run(
             out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, how=how, lang=lang
         )
-
-
-@dataclass(frozen=True, slots=True)
-class _Embedding:
-    """How this run embeds: the executor (``None``: here), the local device, the batch size."""
-
-    executor: EmbedExecutor | None = None
-    device: str = "cpu"
-    batch_size: int | None = None
-    on_note: Say | None = None
 
 
 def _run(
@@ -172,7 +115,7 @@ def _run(
     *,
     reconcile: bool,
     on_progress: Progress | None,
-    how: _Embedding,
+    how: Embedding,
     lang: str | None = None,
 ) -> IndexReport:
     """One run on the store at ``path``: plan, embed what is new, commit (module docstring).
@@ -198,7 +141,7 @@ def _run(
         plan = _plan(out, db, stored, report)
         if on_progress:
             on_progress("plan", len(plan.upserts), len(plan.upserts))
-        upserts = _rows_to_write(db, embedder, plan, report, how, on_progress)
+        upserts = rows_to_write(db, embedder, plan, report, how, on_progress)
         meta = _next_meta(
             db, stored, {**wanted, "out": str(out.resolve()), "embed_spec": spec}, plan, upserts, report
         )
@@ -262,7 +205,7 @@ def _next_meta(
 ) -> dict[str, str]:
     """The meta the commit writes: ``config`` (embedder, analyzer, chunk folder, spec), the
     cursor, the generation, the summary of the indexed chunks and ``index_hash``."""
-    written = {row.chunk_id: _state_of(row) for row, _ in upserts}
+    written = {row.chunk_id: state_of(row) for row, _ in upserts}
     report.redirected = sum(
         1
         for old, new in plan.redirects
@@ -348,75 +291,6 @@ def _embedder_choice(embedder: Any, stored: dict[str, str], language: Choice) ->
     return embedder_for(language)
 
 
-def _state_of(row: ChunkRow) -> RowState:
-    return RowState(row.file, row.hash, row.digest, row.row_digest, row.model_tokens, row.policy_hash)
-
-
-def _rows_to_write(
-    db: VectorStore,
-    embedder: Any,
-    plan: FeedPlan[RowState],
-    report: IndexReport,
-    how: _Embedding,
-    on_progress: Progress | None,
-) -> list[tuple[ChunkRow, Vector | None]]:
-    """Rows to write with their vectors: cached, computed (and cached at once), or kept
-    (``None``: the text did not change, the stored vector stays)."""
-    todo: list[ChunkRow] = []  #: rows whose stored vector does not fit
-    upserts: list[tuple[ChunkRow, Vector | None]] = []
-    for cid, chunk in plan.upserts.items():
-        row = ChunkRow.from_record(chunk.record, chunk.file)
-        known = plan.held.get(cid)
-        if known is not None and known.digest == row.digest:
-            row = row.with_tokens(known.model_tokens)
-            if known.row_digest == row.row_digest:
-                report.skipped += 1
-                continue
-            report.moved += 1
-            report.fixed.setdefault("stale", []).append(cid)
-            upserts.append((row, None))
-            continue
-        if known is None:
-            report.added += 1
-            report.fixed.setdefault("missing", []).append(cid)
-        else:
-            report.updated += 1
-            report.fixed.setdefault("stale", []).append(cid)
-        todo.append(row)
-    try:
-        done = embed_uncached(
-            db,
-            embedder,
-            [(r.digest, r.embed_text) for r in todo],
-            executor=how.executor,
-            batch_size=how.batch_size,
-            on_progress=on_progress,
-        )
-    except BatchRejectedError as exc:
-        raise EmbedderError(_rejected(exc, todo)) from None
-    finally:
-        report.embedded_on = dict(getattr(how.executor, "summary", None) or {})
-    report.cache_hits, report.embedded = done.cache_hits, done.embedded
-    for r in todo:
-        vector, tokens = done.vectors[r.digest]
-        upserts.append((r.with_tokens(tokens), vector))
-    if not report.reconcile:
-        report.fixed.clear()
-    return upserts
-
-
-def _rejected(exc: BatchRejectedError, todo: list[ChunkRow]) -> str:
-    """The message for a batch the embedder refused: its chunk ids, the reason, what to do."""
-    digests = set(exc.digests)
-    ids = sorted(r.chunk_id for r in todo if r.digest in digests)
-    shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-    return (
-        f"the embedder refused a batch of {len(ids)} chunk(s) ({shown}): {exc.reason} "
-        "(hint: fix or shorten those chunks, or use another --embedder; the index is unchanged, "
-        "and the vectors embedded so far are cached for the next run)"
-    )
-
-
 def _rebuild(
     out: Path,
     store_arg: str | Path | None,
@@ -424,7 +298,7 @@ def _rebuild(
     path: Path,
     embedder: Any,
     on_progress: Progress | None,
-    how: _Embedding,
+    how: Embedding,
     lang: str | None = None,
 ) -> IndexReport:
     """A fresh index built beside the old one, then swapped in: the old stays searchable until then.

@@ -1,0 +1,101 @@
+"""The SQLite store's file: opening it (apsw + sqlite-vec, WAL), its schema, its transactions.
+
+Why ``apsw`` and not ``pysqlite3-binary``: the stdlib ``sqlite3`` of many Pythons (this
+machine's pyenv build among them) cannot load extensions; ``apsw`` can, ships wheels for
+Linux, macOS and Windows with a current SQLite (FTS5 built in), and leaves transactions to
+us (no implicit ``BEGIN``), which is what an all-or-nothing ``commit`` needs.
+``pysqlite3-binary`` publishes Linux wheels only.
+
+The store class that reads and writes these tables is ``pipeline.index.sqlite_store``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UsageError
+from pipeline.index.analyzer import FTS5_TOKENIZE
+from pipeline.index.vector_store import StoreError
+
+BATCH = 500  #: ids per ``IN (...)`` list
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS chunks(chunk_id TEXT NOT NULL UNIQUE, file TEXT NOT NULL,"
+    " hash TEXT NOT NULL, digest TEXT NOT NULL, row_digest TEXT NOT NULL,"
+    " model_tokens INTEGER NOT NULL, policy_hash TEXT NOT NULL, doc_id TEXT NOT NULL,"
+    " section_id TEXT NOT NULL,"
+    " source_file TEXT NOT NULL, text TEXT NOT NULL, payload BLOB NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);"
+    "CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source_file);"
+    # an incremental run reads the rows of the touched files; the cache's pruning
+    # looks for old entries and for digests still in use: none of them a full scan
+    "CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file);"
+    "CREATE INDEX IF NOT EXISTS chunks_digest ON chunks(digest);"
+    f"CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tokenize='{FTS5_TOKENIZE}');"
+    "CREATE TABLE IF NOT EXISTS embed_cache(model TEXT NOT NULL, digest TEXT NOT NULL,"
+    " vector BLOB NOT NULL, tokens INTEGER NOT NULL, used INTEGER NOT NULL,"
+    " PRIMARY KEY(model, digest)) WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS embed_cache_used ON embed_cache(used);"
+)
+
+
+def open_database(path: Path) -> Any:
+    """An ``apsw`` connection to ``path`` with sqlite-vec loaded, in WAL mode, its tables made."""
+    try:
+        import apsw
+        import sqlite_vec
+    except ImportError as exc:
+        raise UsageError(
+            f"the SQLite index needs apsw and sqlite-vec ({exc.name} is missing) "
+            "(hint: pip install 'chunkyard[index]')"
+        ) from None
+    try:
+        conn = apsw.Connection(str(path))
+        conn.set_busy_timeout(10_000)
+        conn.enable_load_extension(True)
+        conn.load_extension(sqlite_vec.loadable_path())
+        conn.enable_load_extension(False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a killed process loses nothing committed
+    except apsw.Error as exc:
+        raise StoreError(f"{path}: cannot open the index ({exc}) (hint: is it a chunkyard index?)") from None
+    try:
+        conn.execute(_SCHEMA)
+    except apsw.Error as exc:
+        raise StoreError(f"{path}: cannot set up the index ({exc})") from None
+    return conn
+
+
+@contextmanager
+def transaction(conn: Any, path: Path) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception (a SIGKILL: SQLite's WAL)."""
+    import apsw
+
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except apsw.Error as exc:
+        raise StoreError(
+            f"{path}: the index is locked by another writer ({exc}) "
+            "(hint: wait for it, or find the process holding the file)"
+        ) from None
+    try:
+        yield
+        conn.execute("COMMIT")
+    except apsw.Error as exc:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        raise StoreError(f"{path}: the index could not be written ({exc}); it is as it was") from None
+    except BaseException:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        raise
+
+
+def in_batches(items: list[str]) -> Iterator[list[str]]:
+    """``items`` in lists of at most ``BATCH``: each one ``IN (...)`` list of a query."""
+    for i in range(0, len(items), BATCH):
+        yield items[i : i + BATCH]
