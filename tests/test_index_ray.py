@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import need_corpora
 from ray_support import BIN, LoopbackCluster, skip_without_namespaces
 
 from pipeline.index.query import Searcher
@@ -58,11 +59,11 @@ def cluster() -> Iterator[LoopbackCluster]:
 
 
 @pytest.fixture(scope="module")
-def indexed(corpora_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with ``corpus`` (rust-book's first chapters), ``chunks`` and ``local`` (chunks
     indexed in this process): each test copies ``chunks`` and indexes the copy on Ray."""
     root = tmp_path_factory.mktemp("ray-index")
-    src = corpora_dir / "rust-book" / "src"
+    src = need_corpora() / "rust-book" / "src"  # module-scoped: corpora_dir is per test
     corpus = root / "corpus" / "src"
     corpus.mkdir(parents=True)
     for path in sorted(src.glob("*.md")):
