@@ -30,10 +30,10 @@ from typing import Any
 import orjson
 import pytest
 from conftest import CORPORA
+from kill_support import loader_view
 
 from pipeline.run.db import dump_state
 from pipeline.run.emit import stable_view
-from pipeline.run.feed import read_feed
 from pipeline.run.ingest import Options, ingest
 from pipeline.run.state import JOURNAL, STATE_DIR
 
@@ -120,18 +120,6 @@ def snapshot(out: Path) -> dict[str, Any]:
         files[rel] = stable_view(orjson.loads(path.read_bytes()))  # whole: it parses
     state = dump_state(out)
     return {"files": files, "docs": state["docs"], "redirects": {"redirects": state["redirects"]}}
-
-
-def loader_view(out: Path) -> dict[str, tuple[str, str]]:
-    """What a loader that tailed the whole feed holds: id → (chunk_id, hash)."""
-    store: dict[str, tuple[str, str]] = {}
-    for line in read_feed(out, 0):
-        e = line.event
-        if e["event"] == "ingest.write":
-            store[e["id"]] = (e["chunk_id"], e["hash"])
-        elif e["event"] == "ingest.delete":
-            store.pop(e["id"], None)
-    return store
 
 
 def assert_whole(out: Path) -> None:
