@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from conftest import Chunked, has_checker, invariant_errors, load_checker, need_checker
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from outline import Outline
 
@@ -350,8 +350,10 @@ def test_hostile_markdown_keeps_the_contract(raw: bytes, policy: Policy) -> None
 
 #: The random phase: this many seconds of fresh inputs after the 200 fixed ones (0: off).
 RANDOM_SECONDS = float(os.environ.get("CHUNKYARD_FUZZ_SECONDS", "0"))
+EXPLORE_PHASES = (Phase.generate, Phase.shrink)
 
 
+@pytest.mark.timeout(RANDOM_SECONDS + 600)  # the time box, then one batch's shrinking
 def test_hostile_markdown_random_phase(fuzz_seed: int) -> None:
     """The fixed 200 inputs above replay the same documents every run; this phase explores.
 
@@ -374,7 +376,9 @@ def _explorer(batch_seed: int) -> Any:
     """25 random examples drawn from ``batch_seed``, each held to the contract."""
 
     @seed(batch_seed)
-    @settings(FUZZ, max_examples=25, derandomize=False, database=None)
+    # no 'explain' phase: its tracer (Python < 3.12) slows each replay a hundredfold, and a failure
+    # found near the end of the time box then overran pytest's timeout, hiding what it found
+    @settings(FUZZ, max_examples=25, derandomize=False, database=None, phases=EXPLORE_PHASES)
     @given(hostile_markdown(), policies())
     def explore(raw: bytes, policy: Policy) -> None:
         problems = violations(raw, policy, outline=not table_over_another_block(raw))

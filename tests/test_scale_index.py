@@ -3,10 +3,11 @@
 Real Tantivy, real usearch, the real ONNX embedder, the sample corpus (about a hundred chunks) indexed
 with ``CHUNKYARD_SCALE=on`` (both indexes at any size). Checked: Tantivy holds exactly
 FTS5's terms (document frequencies equal ``fts5vocab``'s), its top k equals an exhaustive
-BM25 computed here from the formula the docs state, the HNSW finds what exact dense search
-finds with the same scores, an edit reaches both indexes without a rebuild and leaves them
-equal to a fresh build, a stale index is ignored (exact search answers, with a warning)
-and rebuilt by the next run, and SIGKILLs during runs leave search working.
+BM25 computed here from the formula the docs state, the HNSW finds at least 90 % of what
+exact dense search finds, each with its exact score, an edit reaches both indexes without a
+rebuild (BM25 then equals a fresh build, and the edited graph finds as much as a fresh one),
+a stale index is ignored (exact search answers, with a warning) and rebuilt by the next run,
+and SIGKILLs during runs leave search working.
 """
 
 from __future__ import annotations
@@ -152,34 +153,58 @@ def test_tantivy_holds_fts5s_terms_and_its_top_k_is_exact_bm25(template: Path) -
         lexical.close()
 
 
+def _found_as_exact_scores_them(
+    scaled: list[tuple[str, float]], exact_scores: dict[str, float], question: str
+) -> None:
+    """What the graph found comes back best first, with the store's own float32 scores."""
+    scores = [s for _, s in scaled]
+    assert scores == sorted(scores, reverse=True), question
+    for chunk, score in scaled:
+        assert score == pytest.approx(exact_scores[chunk], abs=1e-6), (question, chunk)
+
+
 def test_hnsw_finds_what_exact_dense_search_finds_with_the_same_scores(template: Path) -> None:
+    """HNSW is approximate: on about a hundred chunks it finds at least 90 % of exact search's
+    top 10 (all of it on most runs; a multithreaded build may differ from run to run), and every
+    chunk it finds carries exactly the score exact search gives that chunk."""
     out = template / "chunks"
     with Searcher(out, expand_tokens=0) as ask:
         assert ask._scale is not None
         db = open_store(out)
         try:
+            found = wanted = 0
             for question in QUESTIONS:
                 vector = ask.embedder.embed([question])[0]
                 scaled = ask._scale.dense(vector, 10)
-                exact = db.dense(vector, 10)
-                assert scaled is not None
-                assert [c for c, _ in scaled] == [c for c, _ in exact], question
-                assert [s for _, s in scaled] == pytest.approx([s for _, s in exact], abs=1e-6)
+                assert scaled is not None and len(scaled) == 10, question
+                everything = dict(db.dense(vector, 1000))
+                _found_as_exact_scores_them(scaled, everything, question)
+                exact = {c for c, _ in db.dense(vector, 10)}
+                found += len(exact & {c for c, _ in scaled})
+                wanted += len(exact)
+            assert found / wanted >= 0.9, f"HNSW recall@10 {found}/{wanted}"
         finally:
             db.close()
         record = ask.record("how do I install chunkyard", 5, "hybrid")
         assert record["items"] and not record["warnings"]
 
 
-def _rankings(out: Path) -> tuple[list[list[str]], list[list[tuple[str, float]]]]:
-    """Per question: every chunk BM25 matches (as a sorted list), and the dense top 10."""
+def _rankings(out: Path) -> tuple[list[list[str]], list[set[str]]]:
+    """Per question: every chunk BM25 matches (as a sorted list), and what the graph finds of
+    exact search's top 10 (each found chunk checked to carry its exact score)."""
     with Searcher(out, expand_tokens=0) as ask:
         assert ask._scale is not None
+        db = open_store(out)
         matched, dense = [], []
-        for question in QUESTIONS:
-            vector = ask.embedder.embed([question])[0]
-            matched.append(sorted(c for c, _ in ask._scale.lexical(query_terms(question), 1000) or []))
-            dense.append([(c, round(s, 5)) for c, s in ask._scale.dense(vector, 10) or []])
+        try:
+            for question in QUESTIONS:
+                vector = ask.embedder.embed([question])[0]
+                matched.append(sorted(c for c, _ in ask._scale.lexical(query_terms(question), 1000) or []))
+                scaled = ask._scale.dense(vector, 10) or []
+                _found_as_exact_scores_them(scaled, dict(db.dense(vector, 1000)), question)
+                dense.append({c for c, _ in db.dense(vector, 10)} & {c for c, _ in scaled})
+        finally:
+            db.close()
         return matched, dense
 
 
@@ -214,12 +239,18 @@ def test_an_edit_reaches_both_indexes_without_a_rebuild_and_equals_a_fresh_build
     bm25_tantivy.remove(bm25_tantivy.folder_for(store))
     ann.HnswIndex(store, 384).remove()
     index(out)
-    # the same documents with the same terms, and the same graph answers; BM25's scores may
-    # differ a little until Tantivy merges the deleted documents away (docs/index.md)
-    assert _rankings(out) == incremental
+    # the same documents with the same terms; BM25's scores may differ a little until Tantivy
+    # merges the deleted documents away (docs/index.md). The edited graph and the fresh one are
+    # different graphs: each must find (nearly) all of exact search's top 10, with exact scores
+    fresh_matched, fresh_dense = _rankings(out)
+    assert fresh_matched == incremental[0]
+    for graph in (incremental[1], fresh_dense):
+        assert sum(map(len, graph)) >= 0.9 * 10 * len(QUESTIONS), graph
 
 
-def test_a_stale_index_is_ignored_with_a_warning_and_rebuilt_by_the_next_run(fresh: tuple[Path, Path]) -> None:
+def test_a_stale_index_is_ignored_with_a_warning_and_rebuilt_by_the_next_run(
+    fresh: tuple[Path, Path],
+) -> None:
     _, out = fresh
     store = _store(out)
     folder = bm25_tantivy.folder_for(store)
@@ -266,7 +297,10 @@ def test_sigkills_during_index_runs_leave_search_working_and_the_next_run_conver
         bm25_tantivy.write_state(bm25_tantivy.folder_for(store), {"generation": "old", "chunks": 0})
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "index", "--out", str(out), "--quiet"],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         time.sleep(delay)
         if proc.poll() is None:
