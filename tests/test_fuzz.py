@@ -635,6 +635,43 @@ def test_lazy_lines_follow_commonmarks_container_stack(text: str) -> None:
     assert not violations(text.encode(), Policy(target_tokens=16, overlap_tokens=0))
 
 
+_LONG = " ".join(["alpha"] * 13)  # more than one chunk of 16 tokens: a fence read wrong is cut
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # CI's random phase (seed batch 2130834756), then minimised: under ``> - a`` the lazy line
+        # (a fence's opener indented 4) is text; ``> b`` goes on with it, so the item is still
+        # open for the next line (an empty fence in it), and the fence after that runs to the end
+        f"> - a\n    ```\n> b\n>   ```\n> ```\n> {_LONG}\n",
+        f"> - a\n  \t```\n> b\n>   ```\n> ```\n> {_LONG}\n",  # a tab to column 4: the same
+        f"> 1. a\n     ~~~\n> b\n>    ~~~\n> ~~~\n> {_LONG}\n",  # an ordered item, content at column 3
+        f"- > - a\n      ```\n  > b\n  >   ```\n  > ```\n  > {_LONG}\n",  # the quote in a list item
+        "> - a\n    ```\n    x\n",  # no code block at all, though mistletoe saw one in the item
+        # the input as CI found it
+        (
+            "\ufeffalpha\n> - > - - - alpha\n>         alpha\n>         ```\n>         ```\n>     </script>\n"
+            ">     > alpha\n>     >   ```\n>     > ```\n>     > > alpha\n"
+        ),
+    ],
+)
+def test_an_indented_lazy_line_is_text(text: str) -> None:
+    """A lazy line indented 4 columns or more after the last container it goes on with is paragraph
+    text (CommonMark 0.31.2, example 238: ``> foo`` / ``    - bar``; indented code cannot interrupt
+    a paragraph), however deep the list items nested in the container it is lazy to. mistletoe
+    read the container's lines again, where the indentation went on with those items and what was
+    left opened a fence: a code block markdown-it, cmark-gfm and commonmark.js do not see, and the
+    fence after it read with the wrong extent and cut. Chunkyard's code blocks are markdown-it's."""
+    raw = text.encode()
+    policy = Policy(target_tokens=16, overlap_tokens=0)
+    assert not violations(raw, policy)
+    doc, _ = chunk_document(raw, "fuzz/doc.md", policy)
+    ours = [(b.start, b.end) for b in _blocks(parse(doc)) if b.kind == "code"]
+    theirs = [(start, end) for kind, start, end in need_checker().Outline(doc.text).atomic if kind == "code"]
+    assert ours == theirs
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -51,7 +51,10 @@ markdown-it (``tests/fuzz_regressions/``):
   (``0.``) or content: the rule that only ``1.`` or a non-empty item may interrupt a
   paragraph holds inside the paragraph's own container only (commonmark.js, markdown-it).
   Nor does a lazy line end the container as a table header when the delimiter row under
-  it does not go on with the container (``_interrupts``: GFM reads no table there);
+  it does not go on with the container (``_interrupts``: GFM reads no table there).
+  And a lazy line is text when the container's lines are read again (``lazy.lazy_text``): its
+  indentation went on with the list items nested in the container, where what was left of a
+  line indented 4 (text to CommonMark) could open a fence;
 - it ends an HTML block opened by ``<script>``, ``<pre>``, ``<style>`` or ``<textarea>``
   only at its own closing tag; CommonMark (4.6, kind 1) ends it at a line with any of
   the four, so a ``<script>`` block closed by ``</pre>`` swallowed the rest;

@@ -29,7 +29,14 @@ from collections.abc import Iterator
 
 from mistletoe import block_token
 
-from pipeline.stages.mdpatch.blocks import FENCE_CLOSER, STAND_IN, cells, delimiter_cells, ends_table
+from pipeline.stages.mdpatch.blocks import (
+    FENCE_CLOSER,
+    STAND_IN,
+    cells,
+    delimiter_cells,
+    ends_table,
+    indent,
+)
 
 _FENCE_OPENER = re.compile(r"(`{3,})(?!.*`)|(~{3,})")
 _ATX = re.compile(r"#{1,6}(?:[ \t]|$)")
@@ -302,12 +309,28 @@ class Blocks:
 
 
 def lazy_text(line: str) -> str:
-    """A lazy line as its container will read it again: paragraph text, never an underline.
+    """A lazy line as its container will read it again: paragraph text, never a block of its own.
 
-    The line goes on with a paragraph without its container's marks, so it cannot be that
-    paragraph's setext underline (CommonMark 4.3: the underline is no lazy line); mistletoe,
-    parsing the container's lines, would take ``===`` there for one. A stand-in after it keeps
-    it text (heading titles drop it)."""
+    The line goes on with a paragraph without its container's marks, so it is that paragraph's
+    text however the container's lines are read again; mistletoe, parsing them, would read it
+    anew. Two ways it did:
+
+    - an underline: the lazy line cannot be the paragraph's setext underline (CommonMark 4.3:
+      the underline is no lazy line), but ``===`` among the container's lines is one;
+    - indented 4 columns or more: CommonMark decides what the line starts after the last
+      container it matched, where that much indentation is indented code, which cannot
+      interrupt a paragraph, so the line is text (CommonMark 0.31.2, example 238:
+      ``> foo`` / ``    - bar``). Among the container's lines, though, the indentation goes
+      on with the list items nested in it, and what is left can start a block: under
+      ``> - a``, a fence's opener indented 4 opened a fence in the item, a code block
+      CommonMark does not see, and the real one after it was cut in two
+      (``test_an_indented_lazy_line_is_text``).
+
+    A stand-in (heading titles drop it) after the underline, or before the indented line's
+    first character, keeps the line text."""
     if _UNDERLINE.match(line):
         return line.rstrip("\n") + STAND_IN + line[len(line.rstrip("\n")) :]
+    if indent(line) >= 4:
+        text = len(line) - len(line.lstrip(" \t"))
+        return line[:text] + STAND_IN + line[text:]
     return line
