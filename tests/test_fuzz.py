@@ -789,6 +789,13 @@ def test_a_declaration_is_an_ascii_letter_of_either_case(text: str) -> None:
         ">- [a]:u\n[a]:u\n>   ```\n> >\n",
         ">- [a]: /u\n[b]: /v\n>   ```\n> >\n",
         '>- [a]: /u\n"t"\n>   ```\n> >\n',  # a lazy title is the definition's: the item goes on
+        # a line lazy to an item nested deeper than the container that reads it: the definition's
+        # paragraph takes it as text (the item's paragraph is open for ``alpha`` after it, no heading),
+        # or as its destination (a definition still: ``alpha`` ends the list, a heading)
+        "- > - [a]: /u\n  > alpha\nalpha\n===\n",
+        "- > - [a]:\n  > /u\nalpha\n===\n",
+        # the random phase's finding (seed 940969254)
+        "\ufeffalpha\n- > > - - [a]: /u\n  >     > alpha\n  >   > </script>\nalpha\n===\n",
     ],
 )
 def test_link_definitions_take_their_lines_as_markdown_it_reads_them(text: str) -> None:

@@ -251,7 +251,8 @@ class Blocks:
                 continue
             break
         if not opened and leaf is None and not all_matched and tip_paragraph and not blank:
-            return  # 3. a lazy line: the paragraph goes on, every container stays open
+            self._extend(line[pos:])  # 3. a lazy line: the paragraph takes it (no definition then,
+            return  # unless one goes on into it), and every container stays open
         del self.stack[matched:]  # 4. the containers it did not go on with end
         if opened or leaf is not None or not all_matched or blank:
             self.leaf = None
