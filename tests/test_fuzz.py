@@ -796,6 +796,10 @@ def test_a_declaration_is_an_ascii_letter_of_either_case(text: str) -> None:
         "- > - [a]:\n  > /u\nalpha\n===\n",
         # the random phase's finding (seed 940969254)
         "\ufeffalpha\n- > > - - [a]: /u\n  >     > alpha\n  >   > </script>\nalpha\n===\n",
+        # the same batch's next finding: ``alpha`` is lazy to the definition's item, so it ends
+        # that item and its ``===`` makes a heading in the item before: ``alpha`` / ``===`` after
+        # the quote is one too
+        "\ufeffalpha\n> > - - - <!-- c -->\n> >       [a]: /u\n> >     alpha\n> >     ===\nalpha\n===\n",
     ],
 )
 def test_link_definitions_take_their_lines_as_markdown_it_reads_them(text: str) -> None:

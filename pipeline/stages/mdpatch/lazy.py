@@ -13,7 +13,8 @@ content starts at) and the open leaf (a paragraph, a fence, an HTML block, inden
 a GFM table as markdown-it reads them), and while a paragraph's lines may be link definitions,
 those lines: markdown-it reads definitions as blocks of their own (a destination or title on
 the next line, lazy or not, included), which no lazy line goes on with; CommonMark takes them
-out of the paragraph only when it closes (``test_link_definitions_take_their_lines_as_markdown_it_reads_them``). Tabs count as 4 columns from the container's
+out of the paragraph only when it closes (``test_link_definitions_take_their_lines_as_markdown_it_reads_them``). A quote goes on at a ``>`` after any indentation, as
+``containers._quoted`` has mistletoe read it (markdown-it does too). Tabs count as 4 columns from the container's
 content, which is not CommonMark's tab stop inside a container
 (``test_a_tab_after_a_container_mark``).
 
@@ -183,7 +184,7 @@ class Blocks:
         for box in self.stack:  # 1. the open containers this line goes on with
             nxt = _nonspace(line, pos)
             if box is None:
-                if nxt - pos > 3 or line[nxt : nxt + 1] != ">":
+                if line[nxt : nxt + 1] != ">":  # past any indentation, as ``containers._quoted``
                     break
                 pos = nxt + 1 + (line[nxt + 1 : nxt + 2] == " ")
             elif nxt >= len(line):  # blank from here on
@@ -201,6 +202,10 @@ class Blocks:
             return
         header, self.last = self.last, ""
         tip_paragraph = self.leaf == _PARAGRAPH
+        definitions = self.run
+        if tip_paragraph and not all_matched and definitions is not None and self._defined():
+            # to markdown-it, definitions take no lazy line but their own destination or title
+            tip_paragraph = _goes_into(definitions, line[pos:])
         in_paragraph = all_matched and tip_paragraph and not blank
         if in_paragraph and header and "|" in header and delimiter_cells(line[pos:]) == cells(header):
             self.leaf = _TABLE  # markdown-it's table: the paragraph's last line was its header
