@@ -236,6 +236,19 @@ def use(tree: Tree) -> None:
     bench_scale.REPO = tree.root
 
 
+def grow(home: Path, copies: int) -> None:
+    """The copies of ``../shared/corpora`` under ``home/corpus`` that are not there yet (hard links).
+
+    A 10× first ingest takes longer than one measurement should hold the machine: with
+    ``--reuse`` and ``--upto`` it can be made in parts (5 copies, then 10), each an ingest
+    of the copies added since; the state it ends in is the one a single ingest makes.
+    """
+    for i in range(copies):
+        target = home / "corpus" / f"copy-{i:02d}"
+        if not target.is_dir():
+            shutil.copytree(bench_scale.CORPORA, target, copy_function=os.link)
+
+
 def scale_step(step: str, tree: Tree, home: Path, r: dict[str, Any], args: argparse.Namespace) -> None:
     use(tree)
     corpus, out = home / "corpus", home / "out"
@@ -285,11 +298,8 @@ def scale(trees: list[Tree], args: argparse.Namespace) -> None:
     before = load()
     homes = {}
     for tree in trees:
-        home = top / tree.name
-        if not (home / "corpus").is_dir():
-            home.mkdir(parents=True, exist_ok=True)
-            bench_scale.build(home, args.size)
-        homes[tree.name] = home
+        homes[tree.name] = top / tree.name
+        grow(homes[tree.name], args.size)
     fresh = [t.name for t in trees if not (homes[t.name] / "out" / ".chunkyard" / "state.sqlite").is_file()]
     if fresh and "first_ingest" not in steps:
         steps.insert(0, "first_ingest")
@@ -323,6 +333,7 @@ def scale(trees: list[Tree], args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", type=Path, required=True, help="the other checkout (its .venv made)")
+    ap.add_argument("--new", type=Path, default=REPO, help="the checkout to compare (default: this one)")
     sub = ap.add_subparsers(dest="what", required=True)
     b = sub.add_parser("bench", help="make bench's throughput")
     b.add_argument("--corpora", default=bench_run.DEFAULT_CORPORA)
@@ -342,11 +353,12 @@ def main() -> None:
     s.add_argument(
         "--trees", default="old,new", help="which checkouts (old,new; one only: a --reuse first ingest)"
     )
-    s.add_argument("--reuse", type=Path, default=None)
+    s.add_argument("--reuse", type=Path, default=None, help="keep corpora and outputs in DIR/Nx/{old,new}")
+    s.add_argument("--upto", type=int, default=0, help="with one of --trees: only this many copies yet")
     s.add_argument("--scratch", type=Path, default=None)
     s.add_argument("--keep", action="store_true")
     args = ap.parse_args()
-    trees = [Tree("old", args.old), Tree("new", REPO)]
+    trees = [Tree("old", args.old), Tree("new", args.new)]
     for tree in trees:
         tree.compile()
     if args.what == "bench":
@@ -360,11 +372,9 @@ def main() -> None:
                 )
             for step in args.steps.split(","):
                 r: dict[str, Any] = {}
-                top = args.reuse / f"{args.size}x" / chosen[0].name
-                if not (top / "corpus").is_dir():
-                    top.mkdir(parents=True, exist_ok=True)
-                    bench_scale.build(top, args.size)
-                scale_step(step, chosen[0], top, r, args)
+                home = args.reuse / f"{args.size}x" / chosen[0].name
+                grow(home, args.upto or args.size)
+                scale_step(step, chosen[0], home, r, args)
             return
         scale(trees, args)
 
