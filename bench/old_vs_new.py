@@ -165,7 +165,8 @@ def bench(trees: list[Tree], args: argparse.Namespace) -> None:
     print(f"{', '.join(names)}: {len(files)} documents, {mb:.2f} MB; load {before}", flush=True)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {(t.name, j): [] for t in trees for j in jobs}
     theirs: dict[str, list[float]] = {p: [] for p in peers}
-    for round_ in range(args.runs + 1):
+    first = 0 if args.warmup else 1  # round 0 is the warm-up; without one (a loaded machine) it is skipped
+    for round_ in range(first, args.runs + 1):
         label = "warm-up" if round_ == 0 else f"run {round_}"
         for j in jobs:
             for tree in ordered(trees, round_):
@@ -188,13 +189,20 @@ def bench(trees: list[Tree], args: argparse.Namespace) -> None:
             )
         rows.append(row(f"jobs={j}: wall", [r["seconds"] for r in o], [r["seconds"] for r in n]))
         rows.append(row(f"jobs={j}: CPU (user + system)", [r["cpu"] for r in o], [r["cpu"] for r in n]))
+        rows.append(
+            row(
+                f"jobs={j}: worker stages (summed)",
+                [sum(r["stage_seconds"].values()) for r in o],
+                [sum(r["stage_seconds"].values()) for r in n],
+            )
+        )
         rows.append(row(f"jobs={j}: peak RSS", [r["rss_mb"] for r in o], [r["rss_mb"] for r in n], "MB"))
         rows.append(row(f"jobs={j}: tree PSS", [r["pss_mb"] for r in o], [r["pss_mb"] for r in n], "MB"))
     text = [
         f"## old ({old.root}) vs new ({new.root}): make bench, interleaved",
         (
             f"{', '.join(names)}: {len(files)} documents, {mb:.2f} MB, {next(iter(chunks))} chunks; "
-            f"{args.runs} rounds after a warm-up; outputs on {'tmpfs' if tmpfs else 'disk'}; "
+            f"{args.runs} rounds{' after a warm-up' if args.warmup else ''}; outputs on {'tmpfs' if tmpfs else 'disk'}; "
             f"load {before} before, {load()} after\n"
         ),
         render(rows),
@@ -205,7 +213,10 @@ def bench(trees: list[Tree], args: argparse.Namespace) -> None:
         for tree in trees:
             mine = statistics.median(r["seconds"] for r in runs[(tree.name, top)])
             text.append(f"- {tree.name} jobs={top} vs {p} ({ms:.2f} s): {ms / mine:.2f}× its MB/s")
-    write("bench", "\n".join(text), {"rows": rows, "peers": theirs, "mb": mb, "files": len(files)})
+    raw = {f"{t} jobs={j}": got for (t, j), got in runs.items()}
+    write(
+        "bench", "\n".join(text), {"rows": rows, "runs": raw, "peers": theirs, "mb": mb, "files": len(files)}
+    )
 
 
 # -- make bench-scale -----------------------------------------------------------------------
@@ -215,6 +226,8 @@ SCALE_STEPS = ("first_ingest", "no_change", "one_edit", "watch", "validate", "re
 SCALE_FIGURES = (
     ("first ingest", ("first_ingest", "s"), "s"),
     ("first ingest peak RSS", ("first_ingest", "peak_rss_mb"), "MB"),
+    ("feed lines after the first ingest", ("feed", "lines"), "lines"),
+    ("state database after the first ingest", ("feed", "state_mb"), "MB"),
     ("no-change run (median of 3)", ("no_change", "s"), "s"),
     ("no-change peak RSS", ("no_change", "peak_rss_mb"), "MB"),
     ("one edit, plain ingest (median of 3)", ("one_edit", "s"), "s"),
@@ -256,6 +269,8 @@ def scale_step(step: str, tree: Tree, home: Path, r: dict[str, Any], args: argpa
         wall, peak, first = bench_scale.run(["ingest", str(corpus), "--out", str(out)])
         r["first_ingest"] = {"s": round(wall, 2), "peak_rss_mb": round(peak / 2**20)}
         r["chunks"] = first.get("chunks")
+        r["feed"] = {"lines": bench_scale.feed_stats(out)[0]}
+        r["feed"]["state_mb"] = round((out / ".chunkyard" / "state.sqlite").stat().st_size / 2**20, 1)
     elif step == "no_change":
         noop = [bench_scale.run(["ingest", str(corpus), "--out", str(out)]) for _ in range(3)]
         r["no_change"] = {
@@ -340,6 +355,9 @@ def main() -> None:
     b.add_argument("--root", type=Path, default=bench_scale.CORPORA)
     b.add_argument("--jobs", default="1,2")
     b.add_argument("--runs", type=int, default=3)
+    b.add_argument(
+        "--warmup", type=int, default=1, help="1: an untimed round first (0: none, to fit a time box)"
+    )
     b.add_argument("--peers", default="langchain", help="comma-separated; '' for none")
     b.add_argument(
         "--scratch", type=Path, default=HERE / "results", help="a tmpfs path removes each output at once"
