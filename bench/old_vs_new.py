@@ -286,10 +286,7 @@ def scale_step(step: str, tree: Tree, home: Path, r: dict[str, Any], args: argpa
         r["validate"] = {"s": round(wall, 2), "peak_rss_mb": round(peak / 2**20), "code": report.get("code")}
     elif step == "retention":
         r["feed_retention"] = bench_scale.retention(corpus, out, args.rounds)
-    print(
-        f"  {tree.name} {step}: {json.dumps({k: v for k, v in r.items() if k.startswith(step[:5])})}",
-        flush=True,
-    )
+    print(f"  {tree.name} {step}: {json.dumps(r)}", flush=True)
 
 
 def pick(r: dict[str, Any], path: tuple[str, ...]) -> float | None:
