@@ -84,10 +84,15 @@ def on_tmpfs(path: Path) -> bool:
     return kind == "tmpfs"
 
 
+def num(value: float) -> str:
+    """Three significant digits, or a whole number with thousands separators from 1,000 on."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def spread(values: list[float]) -> str:
     """``min–max`` of the repeats, and the max over min as a percentage."""
     lo, hi = min(values), max(values)
-    return f"{lo:.3g}–{hi:.3g} ({100 * (hi / lo - 1):.0f} %)" if lo > 0 else f"{lo}–{hi}"
+    return f"{num(lo)}–{num(hi)} ({100 * (hi / lo - 1):.0f} %)" if lo > 0 else f"{lo}–{hi}"
 
 
 def ordered(trees: list[Tree], pair: int) -> list[Tree]:
@@ -120,8 +125,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "–"
         pairs = ", ".join(f"{p:.2f}" for p in r["pair_ratios"])
         lines.append(
-            f"| {r['what']} | {r['old_median']:.3g} {r['unit']}; {spread(r['old'])} "
-            f"| {r['new_median']:.3g} {r['unit']}; {spread(r['new'])} | **{ratio}** | {pairs} |"
+            f"| {r['what']} | {num(r['old_median'])} {r['unit']}; {spread(r['old'])} "
+            f"| {num(r['new_median'])} {r['unit']}; {spread(r['new'])} | **{ratio}** | {pairs} |"
         )
     return "\n".join(lines)
 
