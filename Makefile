@@ -117,3 +117,9 @@ fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+.PHONY: bench-old-vs-new
+bench-old-vs-new: $(STAMP) ## make bench and bench-scale (1×) for OLD=<checkout with its .venv> and this one, interleaved
+	@[ -n "$(OLD)" ] || { echo "make bench-old-vs-new: OLD=<folder of the other checkout> (e.g. git worktree add ../old COMMIT)" >&2; exit 2; }
+	$(BIN)/python bench/old_vs_new.py --old $(OLD) bench $(BENCH_ARGS)
+	$(BIN)/python bench/old_vs_new.py --old $(OLD) scale $(BENCH_SCALE_ARGS)
