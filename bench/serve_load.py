@@ -14,7 +14,11 @@ temporary folder otherwise). Default: the 18 MB benchmark corpus (eips, rust-boo
 powershell-docs; indexing it takes many minutes on 2 cores); ``--small``: six FastAPI
 documents (28 gold questions), indexed in seconds.
 
-Usage: ``python bench/serve_load.py [--small] [--clients 16] [--seconds 60] [--watch] [--keep DIR]``.
+The clients cycle through the gold questions, so past the first round every query's vector
+comes from serve's query cache; ``--query-cache 0`` measures every query embedded.
+
+Usage: ``python bench/serve_load.py [--small] [--clients 16] [--seconds 60] [--watch] [--keep DIR]
+[--query-cache 0]``.
 """
 
 from __future__ import annotations
@@ -255,6 +259,9 @@ def main() -> int:
         "--single-seconds", type=float, default=10.0, help="one client first: the warm latency"
     )
     parser.add_argument("--workers", type=int, default=2, help="serve --workers")
+    parser.add_argument(
+        "--query-cache", type=int, default=None, help="serve --query-cache (0: every query embedded)"
+    )
     parser.add_argument("--cli-calls", type=int, default=5, help="`chunkyard search` runs to time")
     parser.add_argument("--watch", action="store_true", help="also time save -> found under serve --watch")
     parser.add_argument("--watch-clients", type=int, default=8, help="clients querying during --watch")
@@ -269,7 +276,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         corpus, chunks, questions = prepare(args, work)
-        server = Server(["--out", str(chunks), "--workers", str(args.workers)], work)
+        cache = [] if args.query_cache is None else ["--query-cache", str(args.query_cache)]
+        server = Server(["--out", str(chunks), "--workers", str(args.workers), *cache], work)
         try:
             server.wait(lambda: server.get("/v1/health")[0] == 200)
             status = server.get("/v1/health")[1]["index"]
@@ -284,6 +292,7 @@ def main() -> int:
             "corpus": "fastapi-subset" if args.small else "+".join(args.corpora),
             "chunks": status["chunks"],
             "workers": args.workers,
+            "query_cache": args.query_cache,
             "one_client": single,
             "load": load,
             "cli_median_ms": cli_ms,
