@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -128,6 +129,9 @@ def run_server(
     query_cache: int = 4096,
 ) -> int:
     """Start the writer (``--watch``), open the index, serve until a signal; the exit code."""
+    # one BLAS thread per query (set before numpy loads): the workers are the parallelism,
+    # and a pool of BLAS threads per product would only hand the query between threads
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from pipeline.serve.handle import open_index
     from pipeline.serve.limits import Limits
     from pipeline.serve.watching import WriterProcess

@@ -351,7 +351,12 @@ class IndexHandle:
             raise NoIndexError(f"{self.path}: the index is empty (hint: `chunkyard index --out {self.out}`)")
         embedder = self._embedder_for(meta)
         slot.searcher = Searcher(
-            self.out, self.store, embedder, expand_tokens=self.expand_tokens, corpus=self.corpus
+            self.out,
+            self.store,
+            embedder,
+            expand_tokens=self.expand_tokens,
+            corpus=self.corpus,
+            overlap_lexical=self._slots == 1,  # with more workers, queries fill the cores
         )
         slot.inode = inode
         return slot.searcher

@@ -80,7 +80,7 @@ class QueryEmbedder:
                 if vector is not None:
                     self._cache.move_to_end(text)
                     found[text] = vector
-            self.hits += len(found)
+            self.hits += sum(1 for text in texts if text in found)
         missing = list(dict.fromkeys(t for t in texts if t not in found))
         if missing:
             fresh = self._with_embedder(lambda e: getattr(e, "embed_query", e.embed)(missing))
