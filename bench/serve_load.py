@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -141,8 +142,18 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))] if ordered else 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def hammer(server: Server, questions: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    """``clients`` threads asking ``questions`` in turn for ``seconds``; latencies (ms) and errors."""
+    """``clients`` threads asking ``questions`` in turn for ``seconds``; latencies (ms), errors,
+    and the server's CPU time per query (what bounds queries/s on a machine of N cores)."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[str] = []
     deadline = time.monotonic() + seconds
@@ -168,12 +179,14 @@ def hammer(server: Server, questions: list[str], clients: int, seconds: float) -
         conn.close()
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    cpu_before = cpu_seconds(server.proc.pid)
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(server.proc.pid) - cpu_before
     flat = [x for part in latencies for x in part]
     return {
         "clients": clients,
@@ -185,6 +198,8 @@ def hammer(server: Server, questions: list[str], clients: int, seconds: float) -
         "p50_ms": round(percentile(flat, 50), 1),
         "p95_ms": round(percentile(flat, 95), 1),
         "p99_ms": round(percentile(flat, 99), 1),
+        "server_cpu_ms_per_query": round(cpu * 1000 / len(flat), 1) if flat else None,
+        "server_cpu_share": round(cpu / elapsed, 2),
     }
 
 

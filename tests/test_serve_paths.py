@@ -60,6 +60,9 @@ def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(tmp_pa
 
         status, health = server.get("/v1/health")
         assert status == 200 and health["ok"]
+        (chunks / victim).write_text(json.dumps(good), encoding="utf-8")  # mended: answered again
+        status, resolved = server.get("/v1/resolve?id=" + quote(victim))
+        assert status == 200 and resolved["snippet_id"] == good["chunk_id"], resolved
         status, again = server.get(
             "/v1/search?q=" + quote("allow credentials with wildcard origins") + "&k=1"
         )
