@@ -228,6 +228,7 @@ def save_to_found(
         )
         background.start()
         found_ms: list[float] = []
+        writer_ms: list[float] = []  # save -> committed, as the writer measured it
         misses = 0
         probe = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         for r in range(rounds):
@@ -239,6 +240,9 @@ def save_to_found(
                 _, record = server.get(f"/v1/search?q={word}&mode=bm25&k=1", probe)
                 if any(item["file"] == doc.name for item in record.get("items", [])):
                     found_ms.append((time.perf_counter() - saved) * 1000)
+                    writer = server.get("/v1/health", probe)[1]["writer"] or {}
+                    if writer.get("last_latency_ms") is not None:
+                        writer_ms.append(float(writer["last_latency_ms"]))
                     break
                 if time.perf_counter() - saved > timeout:
                     misses += 1
@@ -256,6 +260,8 @@ def save_to_found(
             "p50_ms": round(percentile(found_ms, 50), 1),
             "p95_ms": round(percentile(found_ms, 95), 1),
             "max_ms": round(max(found_ms), 1) if found_ms else 0.0,
+            "writer_p50_ms": round(percentile(writer_ms, 50), 1),
+            "writer_p95_ms": round(percentile(writer_ms, 95), 1),
             "queries_meanwhile": load,
         }
     finally:
