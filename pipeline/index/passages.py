@@ -100,10 +100,19 @@ class Passages:
         """
         # ids: a ranked neighbour's chunk id without its file
         files = ChunkFiles(self.out, ids, self._chunk_record)
+        # each source is looked at once per merge (one stat, one version of its text), not at
+        # every hit and every size the passages try
+        sources: dict[str, str | None] = {}
+
+        def source_text(rel: str) -> str | None:
+            if rel not in sources:
+                sources[rel] = self._source_text(rel)
+            return sources[rel]
+
         stale: set[str] = set()
         for item in items:
             files.remember(item["chunk_id"], item["chunk_file"])
-            text = self._source_text(item["file"])
+            text = source_text(item["file"])
             start, end = item["offsets"]["start"], item["offsets"]["end"]
             if text is None or text[start:end] != item["text"]:
                 stale.add(item["file"])
@@ -118,7 +127,7 @@ class Passages:
             return None if span is None or span.source in stale else span
 
         def text_of(source: str, start: int, end: int) -> str:
-            return (self._source_text(source) or "")[start:end]
+            return (source_text(source) or "")[start:end]
 
         merged = expand(
             items,
