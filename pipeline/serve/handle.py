@@ -319,13 +319,6 @@ class IndexHandle:
                 self._query_embedder = query_embedder(made, self._workers, self._query_cache)
             return self._query_embedder
 
-    def query_cache_stats(self) -> dict[str, int]:
-        """Query vectors served from the cache (``hits``) and embedded (``misses``) so far."""
-        found = self._query_embedder
-        if found is None:
-            return {"hits": 0, "misses": 0, "size": self._query_cache}
-        return {"hits": found.hits, "misses": found.misses, "size": found.cache_size}
-
     def _searcher(self, slot: _Slot) -> Searcher:
         """The slot's searcher, (re)opened when there is none or the index file was replaced."""
         try:
