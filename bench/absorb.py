@@ -64,6 +64,7 @@ def absorb(kind: str, path: Path, rows: list[Any], batch: int) -> dict[str, floa
     try:
         cpu = time.process_time()
         started = time.perf_counter()
+        db.cached("bench", [r.digest for r in rows])  # as the index asks first: which ones to embed
         for i in range(0, len(rows), batch):
             part = rows[i : i + batch]
             db.put_cache("bench", {r.digest: (vectors[i + j], 100) for j, r in enumerate(part)})
