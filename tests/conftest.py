@@ -75,12 +75,21 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "chunkyard"))
 
 
-#: The random fuzz phase's seed (tests/test_fuzz.py): ``CHUNKYARD_FUZZ_SEED``, else drawn now.
-FUZZ_SEED = int(os.environ.get("CHUNKYARD_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+#: The random fuzz phase's seed (tests/test_fuzz.py) and the kill tests' (tests/kill_support.py):
+#: the environment's, else drawn now and put in the environment, so that pytest-xdist's workers
+#: (started after this import, with this environment) draw from the same seeds the header prints.
+for _name in ("CHUNKYARD_FUZZ_SEED", "CHUNKYARD_KILL_SEED"):
+    if not os.environ.get(_name):
+        os.environ[_name] = str(random.SystemRandom().randrange(2**32))
+FUZZ_SEED = int(os.environ["CHUNKYARD_FUZZ_SEED"])
+KILL_SEED = int(os.environ["CHUNKYARD_KILL_SEED"])
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"chunkyard fuzz seed: {FUZZ_SEED} (replay with CHUNKYARD_FUZZ_SEED={FUZZ_SEED})"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [
+        f"chunkyard fuzz seed: {FUZZ_SEED} (replay with CHUNKYARD_FUZZ_SEED={FUZZ_SEED})",
+        f"chunkyard kill seed: {KILL_SEED} (replay with CHUNKYARD_KILL_SEED={KILL_SEED})",
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -121,13 +130,46 @@ def required_parts() -> frozenset[str]:
     return frozenset(named)
 
 
-#: part → node ids of the tests that found it present / the reasons it was missing.
+#: part → node ids of the tests that found it present / the reasons it was missing (filled
+#: where reports arrive: in the one process, or in pytest-xdist's controller).
 _PRESENT: dict[str, set[str]] = {}
 _MISSING: dict[str, set[str]] = {}
+#: Kill phases that ran: (phase, SIGKILLs landed, the phase's closing line).
+_KILLS: list[tuple[str, int, str]] = []
+#: node id → what that test noted for the closing summary, not yet attached to a report.
+_NOTES: dict[str, list[tuple[str, Any]]] = {}
+NOTE_KEY = "chunkyard-summary"
 
 
 def _current_test() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+
+
+def note_for_summary(kind: str, value: Any) -> None:
+    """Keep ``value`` for the suite's closing summary. It travels on the test's next report
+    (``pytest_runtest_makereport``), so it reaches the summary from a pytest-xdist worker too."""
+    _NOTES.setdefault(_current_test(), []).append((kind, value))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    for kind, value in _NOTES.pop(item.nodeid, []):
+        report.user_properties.append((NOTE_KEY, [kind, value]))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, note in report.user_properties:
+        if key != NOTE_KEY:
+            continue
+        kind, value = note
+        if kind == "present":
+            _PRESENT.setdefault(value, set()).add(report.nodeid)
+        elif kind == "missing":
+            _MISSING.setdefault(value[0], set()).add(value[1])
+        elif kind == "kills":
+            _KILLS.append((value[0], int(value[1]), value[2]))
 
 
 def require(part: str, problem: str | None) -> None:
@@ -139,9 +181,9 @@ def require(part: str, problem: str | None) -> None:
     """
     assert part in PARTS, f"unknown part {part!r}: add it to conftest.PARTS"
     if problem is None:
-        _PRESENT.setdefault(part, set()).add(_current_test())
+        note_for_summary("present", part)
         return
-    _MISSING.setdefault(part, set()).add(problem)
+    note_for_summary("missing", [part, problem])
     if part in required_parts():
         pytest.fail(
             f"required part {part!r} ({PARTS[part]}) is missing: {problem} "
@@ -155,7 +197,7 @@ def have(part: str, problem: str | None) -> bool:
     """For a test with a fallback: True when ``part`` is here; False when it is missing and
     not required (the test goes on without it); a failure when it is missing and required."""
     if problem is not None and part not in required_parts():
-        _MISSING.setdefault(part, set()).add(problem)
+        note_for_summary("missing", [part, problem])
         return False
     require(part, problem)
     return True
@@ -184,6 +226,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         else:
             state = "not exercised by the selected tests"
         terminalreporter.write_line(f"{part:9} [{flag}] {state}")
+    if _KILLS:
+        terminalreporter.section("outside SIGKILLs (tests/test_kills*.py)")
+        for _, _, line in sorted(_KILLS):
+            terminalreporter.write_line(line)
+        total = sum(landed for _, landed, _ in _KILLS)
+        terminalreporter.write_line(
+            f"total: {total} SIGKILLs landed in flight and converged, {len(_KILLS)} phases"
+        )
 
 
 # -- volatile fields and golden files ---------------------------------------------------

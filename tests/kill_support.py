@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from conftest import schema_errors, stable_bytes
+from conftest import note_for_summary, schema_errors, stable_bytes
 
 from pipeline.run.db import dump_state
 from pipeline.run.feed import read_feed
@@ -33,7 +33,8 @@ STATE_DIR = ".chunkyard"
 PR_SET_CHILD_SUBREAPER = 36  #: prctl(2)
 #: Kills per phase scale with ``CHUNKYARD_KILLS`` (a factor; 1 by default, e.g. 5 for a long run).
 SCALE = float(os.environ.get("CHUNKYARD_KILLS", "1"))
-#: The seed every phase draws its moments from: ``CHUNKYARD_KILL_SEED``, else drawn now (printed).
+#: The seed every phase draws its moments from: ``CHUNKYARD_KILL_SEED`` (conftest draws one
+#: when it is not set, and pytest's header prints it).
 SEED = int(os.environ.get("CHUNKYARD_KILL_SEED") or random.SystemRandom().randrange(2**32))
 
 
@@ -140,6 +141,12 @@ class Tally:
             f"a commit; seed {SEED}; "
             f"{time.monotonic() - self.started:.1f} s)"
         )
+
+
+def report(tally: Tally) -> None:
+    """The phase's closing line: printed, and kept for the suite's summary (conftest)."""
+    print("\n" + tally.line())
+    note_for_summary("kills", [tally.phase, tally.landed, tally.line()])
 
 
 def freeze(proc: subprocess.Popen[Any], group: bool, sig: signal.Signals) -> None:

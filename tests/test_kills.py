@@ -46,6 +46,7 @@ from kill_support import (
     loader_view,
     output_truth,
     output_view,
+    report,
     state_view,
     stop_in_flight,
     subreaper,
@@ -130,10 +131,6 @@ def attempts(tally: Tally, wanted: int) -> Iterator[int]:
     while tally.landed < wanted and i < 2 * wanted:
         yield i
         i += 1
-
-
-def report(tally: Tally) -> None:
-    print("\n" + tally.line())
 
 
 # -- ingest -------------------------------------------------------------------------------------
