@@ -54,12 +54,14 @@ browser:
 	else echo "make browser: no chromium at $(CHROMIUM), and not root with apt-get to install it" >&2; exit 1; fi
 
 # PYTEST_ARGS: more pytest options, e.g. PYTEST_ARGS="-m 'not slow'" for a quick pass.
-test: $(STAMP) ## lint, type-check and run every test; the 25 slowest and the required parts that ran close it
+# TEST_JOBS: pytest-xdist processes (0: the suite in this one process, in file order).
+TEST_JOBS ?= 2
+test: $(STAMP) ## lint, type-check and run every test; the 25 slowest, the required parts that ran and the kills close it
 	@$(MAKE) --no-print-directory browser \
 	  || { [ "$${CI:-}" != true ] && echo "make test: going on without Chromium: the browser tests skip (under CI=true this stops)"; }
 	$(BIN)/ruff check pipeline tests bench
 	$(BIN)/mypy pipeline
-	$(BIN)/pytest -q --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline tests bench
@@ -117,3 +119,9 @@ fuzz: $(STAMP) ## a long fuzz run of the pipeline on hostile Markdown
 
 clean:
 	rm -rf $(OUT) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+.PHONY: bench-old-vs-new
+bench-old-vs-new: $(STAMP) ## make bench and bench-scale (1×) for OLD=<checkout with its .venv> and this one, interleaved
+	@[ -n "$(OLD)" ] || { echo "make bench-old-vs-new: OLD=<folder of the other checkout> (e.g. git worktree add ../old COMMIT)" >&2; exit 2; }
+	$(BIN)/python bench/old_vs_new.py --old $(OLD) bench $(BENCH_ARGS)
+	$(BIN)/python bench/old_vs_new.py --old $(OLD) scale $(BENCH_SCALE_ARGS)

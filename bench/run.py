@@ -256,11 +256,16 @@ def compile_bytecode() -> int:
     return sum(1 for _ in package.rglob("__pycache__/*.pyc"))
 
 
-def chunkyard_once(corpus: Path, jobs: int, scratch: Path, label: str) -> dict[str, Any]:
-    """One ``chunkyard ingest --full`` into a fresh folder, timed from process start to exit."""
+def chunkyard_once(
+    corpus: Path, jobs: int, scratch: Path, label: str, command: list[str] | None = None
+) -> dict[str, Any]:
+    """One ``chunkyard ingest --full`` into a fresh folder, timed from process start to exit.
+
+    ``command`` runs another checkout's chunkyard (``bench/old_vs_new.py``); default: this one's.
+    """
     create_us = create_cost_us(scratch)
     out = Path(tempfile.mkdtemp(prefix=f"out-j{jobs}-", dir=scratch))
-    cmd = [*chunkyard_cmd(), "ingest", str(corpus), "--out", str(out)]
+    cmd = [*(command or chunkyard_cmd()), "ingest", str(corpus), "--out", str(out)]
     cmd += ["--full", "--jobs", str(jobs), "--target-tokens", str(TARGET_TOKENS), "--json", "--quiet"]
     timed = run_timed(cmd, sample=True)
     # The output stays (until the next benchmark, see ``main``): on ext4 without a journal (this
@@ -288,6 +293,7 @@ def chunkyard_once(corpus: Path, jobs: int, scratch: Path, label: str) -> dict[s
         "internal_seconds": summary["seconds"],
         "stage_seconds": summary.get("stage_seconds", {}),
         "create_us": create_us,
+        "out": str(out),
     }
 
 

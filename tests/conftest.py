@@ -75,6 +75,12 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "chunkyard"))
 
 
+# pytest-xdist starts its workers with COLUMNS=80; rich's consoles (pipeline/cli/base.py) fix
+# the width they find at import, and the CLI tests that give COLUMNS to one command would then
+# get 80 columns. Without it, as in one process, the width follows each command's environment.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+
 #: The random fuzz phase's seed (tests/test_fuzz.py) and the kill tests' (tests/kill_support.py):
 #: the environment's, else drawn now and put in the environment, so that pytest-xdist's workers
 #: (started after this import, with this environment) draw from the same seeds the header prints.

@@ -29,7 +29,7 @@ import pytest
 from kill_support import SEED, Tally, good_files, kills, output_view, report, state_view, stop_in_flight
 from ray_support import LoopbackCluster, skip_without_namespaces
 from test_crash import edited, generated, write_corpus
-from test_kills import attempts, classify, converge, source_docs
+from test_kills import adapt, attempts, classify, converge, source_docs
 
 #: Kills of the Ray parent (part of the suite's 200 outside SIGKILLs; CHUNKYARD_KILLS scales them).
 RAY_PARENT_KILLS = 5
@@ -117,7 +117,7 @@ def test_ray_parent_killed_while_the_cluster_works(cluster: LoopbackCluster, tmp
             started=lambda out=out: dispatching(out),
         )  # fmt: skip
         tasks_gone(cluster)
-        window = window * 1.2 if landed else window / 2  # the moments follow the run's pace
+        window = adapt(window, landed)
         if landed:
             tally.landed += 1
             converge(out, corpus, want, known_good, f"ray parent kill {i} (seed {SEED})")

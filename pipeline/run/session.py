@@ -225,7 +225,7 @@ class Session:
             if bulk:
                 bulk = False
                 db.index_hashes()
-            self._widen_collisions(plan.found, writer, plan.processed_at)
+            self._widen_collisions(plan.found, writer, plan.processed_at, frozenset(plan.gone))
             self.gone = {}
             for rel in plan.gone:
                 files = len(db.files_of(rel))
@@ -268,10 +268,14 @@ class Session:
             else:
                 clear_journals(out, (writer.with_vanished_ids | plan.touched) - self.recovering)
 
-    def _widen_collisions(self, found: Iterable[Found], writer: StateWriter, processed_at: str) -> None:
+    def _widen_collisions(
+        self, found: Iterable[Found], writer: StateWriter, processed_at: str, gone: frozenset[str]
+    ) -> None:
         """``doc_uid|r`` must be unique in the corpus: widen ``r=`` to 12 hex on a collision (000).
 
         Indexed queries (on ``uid_rev``) for the documents recorded now, not a sort of the corpus.
+        A document ``gone`` in this sync holds no ids any more: one whose front matter sets
+        ``doc_id`` and that moved to another path has the same ids there, moved, not minted twice.
         """
         summary, db, opts = writer.summary, self.db, self.opts
         paths: dict[str, Found] = {}  # built on the first collision only
@@ -282,7 +286,7 @@ class Session:
             if key not in held or key in seen:
                 continue
             seen.add(key)
-            owners = db.rels_with_uid_rev(key)
+            owners = [(rel, width) for rel, width in db.rels_with_uid_rev(key) if rel not in gone]
             for rel, width in owners[1:]:
                 first = owners[0][0]
                 if not paths:
