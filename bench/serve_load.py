@@ -14,7 +14,11 @@ temporary folder otherwise). Default: the 18 MB benchmark corpus (eips, rust-boo
 powershell-docs; indexing it takes many minutes on 2 cores); ``--small``: six FastAPI
 documents (28 gold questions), indexed in seconds.
 
-Usage: ``python bench/serve_load.py [--small] [--clients 16] [--seconds 60] [--watch] [--keep DIR]``.
+The clients cycle through the gold questions, so past the first round every query's vector
+comes from serve's query cache; ``--query-cache 0`` measures every query embedded.
+
+Usage: ``python bench/serve_load.py [--small] [--clients 16] [--seconds 60] [--watch] [--keep DIR]
+[--query-cache 0]``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -137,8 +142,18 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))] if ordered else 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def hammer(server: Server, questions: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    """``clients`` threads asking ``questions`` in turn for ``seconds``; latencies (ms) and errors."""
+    """``clients`` threads asking ``questions`` in turn for ``seconds``; latencies (ms), errors,
+    and the server's CPU time per query (what bounds queries/s on a machine of N cores)."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors: list[str] = []
     deadline = time.monotonic() + seconds
@@ -164,12 +179,14 @@ def hammer(server: Server, questions: list[str], clients: int, seconds: float) -
         conn.close()
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    cpu_before = cpu_seconds(server.proc.pid)
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(server.proc.pid) - cpu_before
     flat = [x for part in latencies for x in part]
     return {
         "clients": clients,
@@ -181,6 +198,8 @@ def hammer(server: Server, questions: list[str], clients: int, seconds: float) -
         "p50_ms": round(percentile(flat, 50), 1),
         "p95_ms": round(percentile(flat, 95), 1),
         "p99_ms": round(percentile(flat, 99), 1),
+        "server_cpu_ms_per_query": round(cpu * 1000 / len(flat), 1) if flat else None,
+        "server_cpu_share": round(cpu / elapsed, 2),
     }
 
 
@@ -209,6 +228,7 @@ def save_to_found(
         )
         background.start()
         found_ms: list[float] = []
+        writer_ms: list[float] = []  # save -> committed, as the writer measured it
         misses = 0
         probe = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         for r in range(rounds):
@@ -220,6 +240,9 @@ def save_to_found(
                 _, record = server.get(f"/v1/search?q={word}&mode=bm25&k=1", probe)
                 if any(item["file"] == doc.name for item in record.get("items", [])):
                     found_ms.append((time.perf_counter() - saved) * 1000)
+                    writer = server.get("/v1/health", probe)[1]["writer"] or {}
+                    if writer.get("last_latency_ms") is not None:
+                        writer_ms.append(float(writer["last_latency_ms"]))
                     break
                 if time.perf_counter() - saved > timeout:
                     misses += 1
@@ -237,6 +260,8 @@ def save_to_found(
             "p50_ms": round(percentile(found_ms, 50), 1),
             "p95_ms": round(percentile(found_ms, 95), 1),
             "max_ms": round(max(found_ms), 1) if found_ms else 0.0,
+            "writer_p50_ms": round(percentile(writer_ms, 50), 1),
+            "writer_p95_ms": round(percentile(writer_ms, 95), 1),
             "queries_meanwhile": load,
         }
     finally:
@@ -255,6 +280,9 @@ def main() -> int:
         "--single-seconds", type=float, default=10.0, help="one client first: the warm latency"
     )
     parser.add_argument("--workers", type=int, default=2, help="serve --workers")
+    parser.add_argument(
+        "--query-cache", type=int, default=None, help="serve --query-cache (0: every query embedded)"
+    )
     parser.add_argument("--cli-calls", type=int, default=5, help="`chunkyard search` runs to time")
     parser.add_argument("--watch", action="store_true", help="also time save -> found under serve --watch")
     parser.add_argument("--watch-clients", type=int, default=8, help="clients querying during --watch")
@@ -269,7 +297,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         corpus, chunks, questions = prepare(args, work)
-        server = Server(["--out", str(chunks), "--workers", str(args.workers)], work)
+        cache = [] if args.query_cache is None else ["--query-cache", str(args.query_cache)]
+        server = Server(["--out", str(chunks), "--workers", str(args.workers), *cache], work)
         try:
             server.wait(lambda: server.get("/v1/health")[0] == 200)
             status = server.get("/v1/health")[1]["index"]
@@ -284,6 +313,7 @@ def main() -> int:
             "corpus": "fastapi-subset" if args.small else "+".join(args.corpora),
             "chunks": status["chunks"],
             "workers": args.workers,
+            "query_cache": args.query_cache,
             "one_client": single,
             "load": load,
             "cli_median_ms": cli_ms,

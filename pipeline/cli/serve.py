@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -88,6 +89,9 @@ def serve_cmd(
         str | None, typer.Option("--mcp", metavar="stdio", help="Speak MCP on stdin/stdout instead of HTTP.")
     ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="Queries answered at once.")] = 2,
+    query_cache: Annotated[
+        int, typer.Option("--query-cache", min=0, help="Recent queries whose vectors are kept (0: none).")
+    ] = 4096,
     max_concurrent: Annotated[
         int, typer.Option("--max-concurrent", min=1, help="Requests in flight before 503 busy.")
     ] = 64,
@@ -102,6 +106,7 @@ def serve_cmd(
         code = run_server(
             out, watch=watch, corpus=corpus, store=store, host=host, port=port, token=token,
             mcp_stdio=mcp == "stdio", workers=workers, max_concurrent=max_concurrent, quiet=quiet,
+            query_cache=query_cache,
         )  # fmt: skip
     except PipelineError as exc:
         raise usage_error(exc, False) from None
@@ -121,8 +126,12 @@ def run_server(
     workers: int,
     max_concurrent: int,
     quiet: bool,
+    query_cache: int = 4096,
 ) -> int:
     """Start the writer (``--watch``), open the index, serve until a signal; the exit code."""
+    # one BLAS thread per query (set before numpy loads): the workers are the parallelism,
+    # and a pool of BLAS threads per product would only hand the query between threads
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from pipeline.serve.handle import open_index
     from pipeline.serve.limits import Limits
     from pipeline.serve.watching import WriterProcess
@@ -137,7 +146,7 @@ def run_server(
     writer = WriterProcess(watch, out, store, quiet=quiet) if watch is not None else None
     if writer is not None:
         writer.start()
-    handle = open_index(out, store, corpus=corpus or watch, workers=workers)
+    handle = open_index(out, store, corpus=corpus or watch, workers=workers, query_cache=query_cache)
     try:
         _warm(handle)
         if mcp_stdio:
@@ -155,7 +164,7 @@ def run_server(
 def _warm(handle: Any) -> None:
     """Load the embedder and the vectors before the first client waits for them (when there is an index)."""
     with contextlib.suppress(PipelineError):  # no index yet: the writer builds it, the first search loads
-        handle.search("warm up", k=1)
+        handle.warm()
 
 
 def _run_http(

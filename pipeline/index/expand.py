@@ -229,6 +229,15 @@ _CHUNK_NUMBER = re.compile(r"::ch(\d+)$")
 _FILE_NUMBER = re.compile(r"__ch\d+\.json$")
 
 
+def read_chunk_file(path: Path) -> dict[str, Any] | None:
+    """A chunk file's record (``None`` when it is gone or not JSON)."""
+    try:
+        rec: dict[str, Any] = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return rec
+
+
 class ChunkFiles:
     """A lazy ``Lookup`` over a chunk folder: reads only the chunk files a passage touches.
 
@@ -238,13 +247,20 @@ class ChunkFiles:
     hits reads a few dozen small files, not the folder.
     """
 
-    def __init__(self, out: Path, ids: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        ids: Mapping[str, str] | None = None,
+        read: Callable[[Path], dict[str, Any] | None] | None = None,
+    ) -> None:
         """``ids`` (a record ``id`` → its ``chunk_id``, for the chunks a search ranked): when
         given, a neighbour is resolved from it without reading its file, and a neighbour not
         in it is none (only ranked neighbours can join a passage then, and a query reads far
-        fewer chunk files)."""
+        fewer chunk files). ``read``: how a chunk file is read (``None`` when it cannot be;
+        default: from disk each time; a long-lived searcher passes a cache)."""
         self.out = out
         self.ids = ids
+        self.read = read or read_chunk_file
         self.paths: dict[str, Path] = {}
         self.spans: dict[str, ChunkSpan | None] = {}
 
@@ -253,11 +269,7 @@ class ChunkFiles:
         self.paths.setdefault(chunk_id, self.out / chunk_file)
 
     def _read(self, path: Path) -> dict[str, Any] | None:
-        try:
-            rec: dict[str, Any] = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return None
-        return rec
+        return self.read(path)
 
     def _neighbour(self, path: Path, link: Any) -> str | None:
         if self.ids is not None:

@@ -1,24 +1,27 @@
 """Search hits merged into passages: ranked neighbours read from the source as one citation span.
 
-``Passages`` belongs to one ``Searcher``: it keeps each source's canonical text (read again
-when the file's mtime or size changes) and the chunks' token counter, and merges ranked
-items with ``pipeline.index.expand``. A hit whose source no longer holds its text at its
+``Passages`` belongs to one ``Searcher``: it keeps each source's canonical text and the chunk
+records it read (each read again when its file changes) and the chunks' token counter, and
+merges ranked items with ``pipeline.index.expand``. A hit whose source no longer holds its text at its
 offsets (edited since ingest, or gone) stays a chunk, with a warning: a passage is read
 from the source.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.index.expand import ChunkFiles, ChunkSpan, expand
+from pipeline.index.expand import ChunkFiles, ChunkSpan, expand, read_chunk_file
 
 #: A passage grows only into neighbours ranked this high in the pool (hits ranked lower
 #: stay chunks; the choice is measured in docs/benchmarks.md).
 MERGE_DEPTH = 30
+#: Chunk records kept across queries (the folder's hot ones); past it the memory starts over.
+CHUNK_RECORDS_KEPT = 20_000
 
 
 class Passages:
@@ -35,6 +38,7 @@ class Passages:
         self._store: Any = False  # the chunk folder's store, opened on the first passage
         self._texts: dict[str, tuple[tuple[int, int] | None, str | None]] = {}
         self._counter: Callable[[str], int] | None = None
+        self._records: dict[Path, tuple[tuple[int, int, int], dict[str, Any] | None]] = {}
 
     def _chunk_store(self) -> Any:
         """The chunk folder's store (``pipeline.audit.chunk_state``), opened once; ``None`` when it cannot be."""
@@ -68,6 +72,23 @@ class Passages:
             self._texts[rel] = kept
         return kept[1]
 
+    def _chunk_record(self, path: Path) -> dict[str, Any] | None:
+        """A chunk file's record, kept across queries while the file's (inode, mtime, size)
+        stay the same: chunk files are replaced whole (a new inode), never edited in place."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        kept = self._records.get(path)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        record = read_chunk_file(path)
+        if len(self._records) >= CHUNK_RECORDS_KEPT:
+            self._records.clear()
+        self._records[path] = (stamp, record)
+        return record
+
     def merge(
         self, items: list[dict[str, Any]], budget: int, warnings: list[str], ids: Mapping[str, str]
     ) -> list[dict[str, Any]]:
@@ -77,11 +98,21 @@ class Passages:
         A hit whose source no longer holds its text at its offsets (edited since ingest, or
         gone) is kept as a chunk, with a warning: a passage is read from the source.
         """
-        files = ChunkFiles(self.out, ids)  # ids: a ranked neighbour's chunk id without its file
+        # ids: a ranked neighbour's chunk id without its file
+        files = ChunkFiles(self.out, ids, self._chunk_record)
+        # each source is looked at once per merge (one stat, one version of its text), not at
+        # every hit and every size the passages try
+        sources: dict[str, str | None] = {}
+
+        def source_text(rel: str) -> str | None:
+            if rel not in sources:
+                sources[rel] = self._source_text(rel)
+            return sources[rel]
+
         stale: set[str] = set()
         for item in items:
             files.remember(item["chunk_id"], item["chunk_file"])
-            text = self._source_text(item["file"])
+            text = source_text(item["file"])
             start, end = item["offsets"]["start"], item["offsets"]["end"]
             if text is None or text[start:end] != item["text"]:
                 stale.add(item["file"])
@@ -96,7 +127,7 @@ class Passages:
             return None if span is None or span.source in stale else span
 
         def text_of(source: str, start: int, end: int) -> str:
-            return (self._source_text(source) or "")[start:end]
+            return (source_text(source) or "")[start:end]
 
         merged = expand(
             items,

@@ -63,6 +63,7 @@ class Searcher:
         weights: tuple[float, float] | None = None,
         fusion: str = "zscore",
         passage_scope: str = "document",
+        overlap_lexical: bool = True,
     ) -> None:
         if expand_tokens < 0:
             raise UsageError(f"expand_tokens must be 0 (off) or more, got {expand_tokens}")
@@ -88,6 +89,10 @@ class Searcher:
             self.weights = hybrid_weights(self.meta)
         self._embedder = embedder
         self._store_arg = store
+        self.overlap_lexical = overlap_lexical
+        """Hybrid on SQLite: BM25 in a second thread while this one embeds (one query's
+        latency); off where callers already fill the cores with queries of their own (a
+        server), to spare each query two thread hand-offs."""
         self._executor: ThreadPoolExecutor | None = None
         self._lexical_db: VectorStore | None = None
         self._scale = open_scale_search(self.db.kind, self.db.path, int(self.meta.get("dim", "0") or 0))
@@ -197,7 +202,7 @@ class Searcher:
         dense: list[tuple[str, float]] = []
         lexical: Future[tuple[list[tuple[str, float]], bool]] | None = None
         by_substring = False
-        if mode == "hybrid" and self.db.kind == "sqlite-vec":
+        if mode == "hybrid" and self.db.kind == "sqlite-vec" and self.overlap_lexical:
             # BM25 on a second connection in a thread while this one embeds and runs the KNN:
             # SQLite, onnxruntime and numpy all release the GIL, so the two overlap on 2 cores
             lexical = self._pool().submit(self._lexical, self._second_db(), query, depth)

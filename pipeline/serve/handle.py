@@ -3,8 +3,10 @@
 ``pipeline.search()`` opens the index, loads the embedder and reads every vector again
 on each call; an application, ``chunkyard serve`` or an agent's tool asks hundreds of
 times. An ``IndexHandle`` loads the embedder once and keeps a few ``Searcher``s open
-(one per concurrent caller, each with its own SQLite connections; the embedder is shared),
-each keeping its in-memory matrix of vectors across queries.
+(one per concurrent caller, each with its own SQLite connections), each keeping its
+in-memory matrix of vectors across queries. Queries are embedded by a ``QueryEmbedder``
+(``pipeline.serve.query_embedder``): one default embedder per worker on one thread each,
+and the vectors of recently asked queries kept.
 
 It follows the index while another process writes it (``chunkyard index``, ``watch
 --index``, ``serve --watch``): the writer commits a run in one transaction and bumps the
@@ -37,6 +39,7 @@ from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.index.fusion import MODES
 from pipeline.index.query import Searcher
 from pipeline.index.vector_store import open_store, store_spec
+from pipeline.serve.query_embedder import DEFAULT_CACHE_SIZE, QueryEmbedder, query_embedder
 
 #: A query is run again at most this many times when commits keep landing under it (each
 #: run takes milliseconds, a commit comes at most once per save).
@@ -96,6 +99,7 @@ class IndexHandle:
         embedder: an embedder object or spec (``None``: the index's own, made once).
         workers: queries answered at once; a caller beyond waits for a free one.
         expand_tokens: the default passage budget (``chunkyard search --expand``).
+        query_cache: vectors of this many recent queries kept (0: every query is embedded).
     """
 
     def __init__(
@@ -107,15 +111,21 @@ class IndexHandle:
         embedder: Any = None,
         workers: int = 2,
         expand_tokens: int = DEFAULT_BUDGET,
+        query_cache: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers must be at least 1, got {workers}")
+        if query_cache < 0:
+            raise UsageError(f"query_cache must be 0 (off) or more, got {query_cache}")
         self.out = Path(out)
         self.store = store
         self.corpus = Path(corpus) if corpus is not None else None
         self.expand_tokens = expand_tokens
         self.kind, self.path = store_spec(self.out, store)
         self._embedder = embedder
+        self._query_embedder: QueryEmbedder | None = None
+        self._query_cache = query_cache
+        self._workers = workers
         self._embedder_lock = threading.Lock()
         self._free: queue.LifoQueue[_Slot] = queue.LifoQueue()
         for _ in range(workers):
@@ -168,6 +178,24 @@ class IndexHandle:
                 if searcher.db.meta().get("generation") == meta.get("generation"):
                     return record
             return record
+
+    def warm(self) -> bool:
+        """Open every worker's searcher and load what its queries read (the vectors, the
+        embedders), so that no client waits for it; ``False`` when there is no index yet."""
+        taken = [self._free.get() for _ in range(self._slots)]
+        try:
+            for slot in taken:
+                searcher = self._searcher(slot)
+                for _ in range(2):  # the store reads its matrix of vectors on a second query
+                    searcher.record("warm up", 1, "dense", 0)
+        except PipelineError:
+            return False
+        finally:
+            for slot in taken:
+                self._free.put(slot)
+        if self._query_embedder is not None:
+            self._query_embedder.warm()
+        return True
 
     def status(self) -> dict[str, Any]:
         """The live index: ``index_hash``, ``generation``, ``cursor``, chunk count, when it was
@@ -282,14 +310,14 @@ class IndexHandle:
         finally:
             self._free.put(slot)
 
-    def _embedder_for(self, meta: Mapping[str, str]) -> Any:
-        """One embedder for every searcher (the model loads once), made from the index's spec."""
+    def _embedder_for(self, meta: Mapping[str, str]) -> QueryEmbedder:
+        """One query embedder for every searcher (the model loads once), made from the given
+        embedder or the index's spec."""
         with self._embedder_lock:
-            if self._embedder is None or isinstance(self._embedder, str):
-                from pipeline.index.embedders import make_embedder
-
-                self._embedder = make_embedder(self._embedder or meta.get("embed_spec") or "default")
-            return self._embedder
+            if self._query_embedder is None:
+                made = self._embedder or meta.get("embed_spec") or "default"
+                self._query_embedder = query_embedder(made, self._workers, self._query_cache)
+            return self._query_embedder
 
     def _searcher(self, slot: _Slot) -> Searcher:
         """The slot's searcher, (re)opened when there is none or the index file was replaced."""
@@ -316,7 +344,12 @@ class IndexHandle:
             raise NoIndexError(f"{self.path}: the index is empty (hint: `chunkyard index --out {self.out}`)")
         embedder = self._embedder_for(meta)
         slot.searcher = Searcher(
-            self.out, self.store, embedder, expand_tokens=self.expand_tokens, corpus=self.corpus
+            self.out,
+            self.store,
+            embedder,
+            expand_tokens=self.expand_tokens,
+            corpus=self.corpus,
+            overlap_lexical=self._slots == 1,  # with more workers, queries fill the cores
         )
         slot.inode = inode
         return slot.searcher
@@ -346,10 +379,17 @@ def open_index(
     embedder: Any = None,
     workers: int = 2,
     expand_tokens: int = DEFAULT_BUDGET,
+    query_cache: int = DEFAULT_CACHE_SIZE,
 ) -> IndexHandle:
     """Open the index of ``out`` for many queries: see ``IndexHandle``."""
     return IndexHandle(
-        out, store, corpus=corpus, embedder=embedder, workers=workers, expand_tokens=expand_tokens
+        out,
+        store,
+        corpus=corpus,
+        embedder=embedder,
+        workers=workers,
+        expand_tokens=expand_tokens,
+        query_cache=query_cache,
     )
 
 

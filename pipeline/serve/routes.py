@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, Field
 
@@ -23,6 +24,13 @@ from pipeline.serve.metrics import CONTENT_TYPE, Metrics
 from pipeline.serve.watching import WriterProcess
 
 Mode = Literal["hybrid", "dense", "bm25"]
+#: What the search routes answer, for the OpenAPI document (they send the bytes themselves).
+SEARCH_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "004's retrieval record (schemas/search.schema.json)",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
 
 
 class SearchBody(BaseModel):
@@ -41,24 +49,27 @@ def build_router(
     """The ``/v1`` routes, ``/metrics``, over one handle."""
     router = APIRouter()
 
-    def search(query: str, k: int, mode: str, expand: int, no_expand: bool) -> dict[str, Any]:
+    def search(query: str, k: int, mode: str, expand: int, no_expand: bool) -> Response:
         budget = 0 if no_expand else expand
         limits.check_search(query, k, budget)
-        return handle.search(query, k, mode, budget)
+        # the record is plain JSON data: serialised as it is, not walked again by FastAPI's encoder
+        return Response(orjson.dumps(handle.search(query, k, mode, budget)), media_type="application/json")
 
-    @router.get("/v1/search", tags=["search"], summary="Search (query in the URL)")
+    @router.get("/v1/search", tags=["search"], summary="Search (query in the URL)", responses=SEARCH_ANSWER)
     def search_get(
         q: Annotated[str, Query(description="What to look for.")],
         k: Annotated[int, Query(description="How many passages.")] = 10,
         mode: Annotated[Mode, Query(description="hybrid, dense or bm25.")] = "hybrid",
         expand: Annotated[int, Query(description="Passage budget in tokens (0: chunks).")] = DEFAULT_BUDGET,
         no_expand: Annotated[bool, Query(description="Plain chunks (= expand 0).")] = False,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """004's retrieval record; each item carries 001's citation payload and its text."""
         return search(q, k, mode, expand, no_expand)
 
-    @router.post("/v1/search", tags=["search"], summary="Search (options in a JSON body)")
-    def search_post(body: SearchBody) -> dict[str, Any]:
+    @router.post(
+        "/v1/search", tags=["search"], summary="Search (options in a JSON body)", responses=SEARCH_ANSWER
+    )
+    def search_post(body: SearchBody) -> Response:
         """The same record as ``GET /v1/search``, for long queries or clients that prefer JSON."""
         return search(body.query, body.k, body.mode, body.expand, body.no_expand)
 

@@ -34,6 +34,8 @@ class WriterProcess:
         self.syncs = 0
         self.last_sync: float | None = None
         self.index_hash: str | None = None
+        #: the last index run's save → committed time (ms), as the writer measured it
+        self.last_latency_ms: float | None = None
         self.errors: deque[str] = deque(maxlen=20)
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -58,6 +60,8 @@ class WriterProcess:
                 self.syncs += 1
                 self.last_sync = float(event.get("ts") or time.time())
                 self.index_hash = event.get("index_hash") or self.index_hash
+                latency = event.get("latency_ms")
+                self.last_latency_ms = float(latency) if isinstance(latency, int | float) else None
             elif kind == "ready":
                 self.ready.set()
             elif kind in ("error", "warning"):
@@ -78,6 +82,7 @@ class WriterProcess:
             "syncs": self.syncs,
             "last_sync": self.last_sync,
             "index_hash": self.index_hash,
+            "last_latency_ms": self.last_latency_ms,
             "errors": list(self.errors),
             "exit_code": None if self._proc is None else self._proc.poll(),
         }

@@ -77,7 +77,17 @@ class Indexer:
         )
         if self.first:
             self.first = False
+            self._warm()
             say("ready", index_hash=done.index_hash, chunks=done.chunks)
+
+    def _warm(self) -> None:
+        """Embed once now: the model's session and tokenizers are made on the first call, and
+        that call would otherwise be the first save's, late by the time they take to load."""
+        try:
+            self._embedder.count_tokens("warm up")
+            self._embedder.embed(["warm up"])
+        except Exception as exc:  # noqa: BLE001 - only a head start: the first save loads it instead
+            say("warning", message=f"could not load the embedder ahead of the first save: {exc}")
 
 
 def run(corpus: Path, out: Path, store: str | None, debounce: float = DEFAULT_DEBOUNCE) -> int:
