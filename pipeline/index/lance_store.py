@@ -1,7 +1,9 @@
 """The second store: a LanceDB folder (extra ``lancedb``), for when one SQLite file is not enough.
 
 Tables ``chunks`` (payload, analyzed text, vector) and ``cache`` ((model, digest) → vector),
-plus ``meta.json``. Upserts are ``merge_insert`` on ``chunk_id``; deletes ``delete(IN …)``.
+plus ``meta.json``. Rows and cache entries the tables lack are appended (``add``: one Arrow
+table built column by column, no join); the others are ``merge_insert`` on their key, which
+joins against the whole table. Deletes are ``delete(IN …)``.
 LanceDB has no transaction across tables, so ``commit`` orders its steps: rows in, rows
 out, the FTS index rebuilt, then ``meta.json`` (the cursor) replaced atomically. A run
 killed in between leaves the cursor behind its writes; the next run replays the same
@@ -56,6 +58,9 @@ class LanceStore:
         self._dim = dim or int(self.meta().get("dim", "0") or 0)
         self._chunks: Any = self._open("chunks")
         self._cache: Any = self._open("cache")
+        #: keys this store found absent from the cache (``cached``) and has not written since:
+        #: one writer holds the store (``store_lock``), so they can be added without a merge
+        self._absent: set[str] = set()
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or LANCE_ANALYZER
 
@@ -158,6 +163,7 @@ class LanceStore:
             return {}
         keys = [f"{model}\t{d}" for d in digests]
         found = self._scan(self._cache, f"key IN ({_quote(keys)})", ["key", "vector", "tokens"])
+        self._absent.update(set(keys).difference(r["key"] for r in found))
         return {
             r["key"].split("\t", 1)[1]: (np.asarray(r["vector"], dtype=np.float32), int(r["tokens"]))
             for r in found
@@ -210,19 +216,25 @@ class LanceStore:
     def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
         if not entries:
             return
+        pa = self._pa
         generation = int(self.meta().get("generation", "0"))
-        rows = [
+        keys = [f"{model}\t{d}" for d in entries]
+        values = list(entries.values())
+        batch = pa.table(
             {
-                "key": f"{model}\t{d}",
-                "vector": np.asarray(v, dtype=np.float32),
-                "tokens": t,
-                "used": generation,
-            }
-            for d, (v, t) in entries.items()
-        ]
-        self._table("cache").merge_insert(
-            "key"
-        ).when_matched_update_all().when_not_matched_insert_all().execute(rows)
+                "key": pa.array(keys, pa.string()),
+                "vector": self._vector_column([v for v, _ in values]),
+                "tokens": pa.array([t for _, t in values], pa.int64()),
+                "used": pa.array([generation] * len(keys), pa.int64()),
+            },
+            schema=self._schema("cache"),
+        )
+        table = self._table("cache")
+        if self._absent.issuperset(keys):  # none of them is there: an append, no join
+            table.add(batch)
+        else:
+            table.merge_insert("key").when_matched_update_all().when_not_matched_insert_all().execute(batch)
+        self._absent.difference_update(keys)
 
     def commit(
         self,
@@ -233,38 +245,28 @@ class LanceStore:
         model: str,
     ) -> None:
         kept = self._vectors([row.chunk_id for row, v in upserts if v is None])
-        rows = []
+        vectors = []
         for row, vector in upserts:
             vec = vector if vector is not None else kept.get(row.chunk_id)
             if vec is None:
                 raise StoreError(f"{self.path}: {row.chunk_id} has no vector to keep (hint: --reconcile)")
-            rows.append(
-                {
-                    "chunk_id": row.chunk_id,
-                    "file": row.file,
-                    "hash": row.hash,
-                    "digest": row.digest,
-                    "row_digest": row.row_digest,
-                    "policy_hash": row.policy_hash,
-                    "model_tokens": row.model_tokens,
-                    "doc_id": row.doc_id,
-                    "section_id": row.section_id,
-                    "source_file": row.source_file,
-                    "text": row.text,
-                    "body": self._analyze(row.embed_text),
-                    "payload": row.to_json().decode(),
-                    "vector": np.asarray(vec, dtype=np.float32),
-                }
-            )
+            vectors.append(vec)
         table = self._table("chunks")
-        if rows:
-            table.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all().execute(
-                rows
-            )
+        if upserts:
+            rows = self._rows_table([row for row, _ in upserts], vectors)
+            stored = self._stored_ids(table)
+            old = [i for i, (row, _) in enumerate(upserts) if row.chunk_id in stored]
+            if old:  # replaced rows: a merge on the id
+                merge = table.merge_insert("chunk_id").when_matched_update_all().when_not_matched_insert_all()
+                merge.execute(rows.take(old))
+            if not old:  # a first index: every row is new, one append
+                table.add(rows)
+            elif len(old) < len(upserts):  # the rows the table lacks: one append
+                table.add(rows.take([i for i, (row, _) in enumerate(upserts) if row.chunk_id not in stored]))
         doomed = sorted(deletes)
         for i in range(0, len(doomed), 500):
             table.delete(f"chunk_id IN ({_quote(doomed[i : i + 500])})")
-        if rows or doomed or self._needs_fts(table):
+        if upserts or doomed or self._needs_fts(table):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore")  # create_fts_index's deprecation notice
@@ -283,6 +285,32 @@ class LanceStore:
         tmp = self.path / (META + ".tmp")
         tmp.write_bytes(orjson.dumps(dict(meta), option=orjson.OPT_SORT_KEYS))
         os.replace(tmp, self.path / META)
+
+    def _vector_column(self, vectors: Sequence[Vector]) -> Any:
+        """The vectors as one fixed-size-list column, built from one contiguous float32 buffer."""
+        pa = self._pa
+        flat = np.ascontiguousarray(np.stack([np.asarray(v, dtype=np.float32) for v in vectors])).reshape(-1)
+        return pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), self._dim)
+
+    def _rows_table(self, rows: Sequence[ChunkRow], vectors: Sequence[Vector]) -> Any:
+        """The ``chunks`` rows as one Arrow table, column by column."""
+        pa = self._pa
+        columns: dict[str, Any] = {c: [getattr(r, c) for r in rows] for c in _COLUMNS}
+        for c in ("doc_id", "section_id", "source_file", "text"):
+            columns[c] = [getattr(r, c) for r in rows]
+        columns["body"] = [self._analyze(r.embed_text) for r in rows]
+        columns["payload"] = [r.to_json().decode() for r in rows]
+        columns["vector"] = self._vector_column(vectors)
+        return pa.table(columns, schema=self._schema("chunks"))
+
+    def _stored_ids(self, table: Any) -> set[str]:
+        """Every ``chunk_id`` the table holds (none for an empty one: a first index reads nothing)."""
+        if not table.count_rows():
+            return set()
+        return {
+            str(cid)
+            for cid in table.search().select(["chunk_id"]).limit(None).to_arrow()["chunk_id"].to_pylist()
+        }
 
     def _needs_fts(self, table: Any) -> bool:
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import blake3
@@ -23,7 +24,12 @@ else:
 
 def digest_text(text: str) -> str:
     """``blake3:<32 hex>`` of a text: the embedding cache's key (equal digest, equal vector)."""
-    return "blake3:" + blake3.blake3(text.encode("utf-8")).hexdigest()[:32]
+    return digest_bytes(text.encode("utf-8"))
+
+
+def digest_bytes(data: bytes) -> str:
+    """``digest_text`` of the text whose UTF-8 encoding is ``data`` (no decoding round trip)."""
+    return "blake3:" + blake3.blake3(data).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +107,7 @@ class ChunkRow:
     @property
     def row_digest(self) -> str:
         """A digest of everything the row holds: equal digest, nothing to write."""
-        return digest_text(orjson.dumps(self._fields(), option=orjson.OPT_SORT_KEYS).decode())
+        return digest_bytes(orjson.dumps(self._fields(), option=orjson.OPT_SORT_KEYS))
 
     def to_json(self) -> bytes:
         return orjson.dumps(self._fields())
@@ -109,7 +115,7 @@ class ChunkRow:
     def _fields(self) -> dict[str, Any]:
         """The fields by name, in order: ``asdict`` without its deep copies (every field is a
         str or an int), which were most of the parent's cost per row written."""
-        return {name: getattr(self, name) for name in _ROW_FIELDS}
+        return dict(zip(_ROW_FIELDS, _row_values(self), strict=True))
 
     @classmethod
     def from_json(cls, data: bytes | str) -> ChunkRow:
@@ -117,6 +123,7 @@ class ChunkRow:
 
 
 _ROW_FIELDS = tuple(f.name for f in fields(ChunkRow))
+_row_values = attrgetter(*_ROW_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

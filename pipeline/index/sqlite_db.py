@@ -21,6 +21,24 @@ from pipeline.index.analyzer import FTS5_TOKENIZE
 from pipeline.index.vector_store import StoreError
 
 BATCH = 500  #: ids per ``IN (...)`` list
+#: Bytes per page of a new index file: a row of ``chunks`` (payload and texts) spans several
+#: default 4 KiB pages, and every vector lands in vec0's blocks; bigger pages mean fewer
+#: overflow pages and fewer page writes per row. Set before the file's first table.
+PAGE_SIZE = 16384
+#: Pages a writer may keep in memory (KiB, as ``PRAGMA cache_size`` takes a negative number):
+#: a run's one transaction touches every page it writes several times (chunks, FTS5, vec0,
+#: the cache); with SQLite's default 2 MB most of them would spill to the WAL and be read back.
+#: Memory, not durability: the WAL and ``synchronous`` are unchanged.
+WRITER_CACHE_KIB = 256 * 1024
+
+#: The embedding cache: a rowid table with a unique (model, digest) index. Its rows carry a
+#: vector each (1.5 KiB at 384 dims); as a ``WITHOUT ROWID`` table keyed by digest (random
+#: order) every insert landed on a random page of big rows and split it, as the first layout
+#: did (``upgrade_cache`` converts it). Here rows append and only the small index is random.
+_CACHE_TABLE = (
+    "CREATE TABLE {exists}{name}(model TEXT NOT NULL, digest TEXT NOT NULL,"
+    " vector BLOB NOT NULL, tokens INTEGER NOT NULL, used INTEGER NOT NULL, UNIQUE(model, digest));"
+)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -36,10 +54,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file);"
     "CREATE INDEX IF NOT EXISTS chunks_digest ON chunks(digest);"
     f"CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tokenize='{FTS5_TOKENIZE}');"
-    "CREATE TABLE IF NOT EXISTS embed_cache(model TEXT NOT NULL, digest TEXT NOT NULL,"
-    " vector BLOB NOT NULL, tokens INTEGER NOT NULL, used INTEGER NOT NULL,"
-    " PRIMARY KEY(model, digest)) WITHOUT ROWID;"
-    "CREATE INDEX IF NOT EXISTS embed_cache_used ON embed_cache(used);"
+    + _CACHE_TABLE.format(name="embed_cache", exists="IF NOT EXISTS ")
+    + "CREATE INDEX IF NOT EXISTS embed_cache_used ON embed_cache(used);"
 )
 
 
@@ -59,6 +75,7 @@ def open_database(path: Path) -> Any:
         conn.enable_load_extension(True)
         conn.load_extension(sqlite_vec.loadable_path())
         conn.enable_load_extension(False)
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; an existing one keeps its own
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a killed process loses nothing committed
     except apsw.Error as exc:
@@ -93,6 +110,29 @@ def transaction(conn: Any, path: Path) -> Iterator[None]:
         if not conn.get_autocommit():
             conn.execute("ROLLBACK")
         raise
+
+
+def prepare_writer(conn: Any) -> None:
+    """Ready a connection for writing, inside its first write transaction: the writer's page
+    cache, and the cache table in its current layout (``upgrade_cache``)."""
+    conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+    upgrade_cache(conn)
+
+
+def upgrade_cache(conn: Any) -> None:
+    """Convert an ``embed_cache`` of the first layout (``WITHOUT ROWID``) to the rowid one, in
+    the caller's transaction (a killed run leaves the old table whole). Readers never call it."""
+    found = list(conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'embed_cache'"))
+    if not found or "WITHOUT ROWID" not in str(found[0][0]).upper():
+        return
+    conn.execute(_CACHE_TABLE.format(name="embed_cache_upgrade", exists=""))
+    conn.execute(
+        "INSERT INTO embed_cache_upgrade(model, digest, vector, tokens, used) "
+        "SELECT model, digest, vector, tokens, used FROM embed_cache"
+    )
+    conn.execute("DROP TABLE embed_cache")  # its index too
+    conn.execute("ALTER TABLE embed_cache_upgrade RENAME TO embed_cache")
+    conn.execute("CREATE INDEX embed_cache_used ON embed_cache(used)")
 
 
 def in_batches(items: list[str]) -> Iterator[list[str]]:

@@ -13,7 +13,9 @@ committed index while ``index`` writes the next one.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ import numpy as np
 from pipeline.index.analyzer import ANALYZER, fts5_query
 from pipeline.index.analyzers import analysis
 from pipeline.index.rows import ChunkRow, RowState, Vector
-from pipeline.index.sqlite_db import in_batches, open_database, transaction
+from pipeline.index.sqlite_db import in_batches, open_database, prepare_writer, transaction
 from pipeline.index.sqlite_vectors import Matrix, ids_with_vectors, read_matrix
 from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
@@ -46,6 +48,9 @@ _INSERT = (
 )
 
 
+_inserted = attrgetter(*_INSERTED)  #: a row's values for the ``_INSERTED`` columns, in order
+
+
 class SqliteStore:
     """``VectorStore`` over one SQLite file (see the module docstring for the layout)."""
 
@@ -60,6 +65,7 @@ class SqliteStore:
         self._vectors_exist = False
         self._dense_calls = 0
         self._cached_matrix: tuple[str, Matrix | None] | None = None
+        self._writer_ready = False
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or ANALYZER
 
@@ -211,8 +217,9 @@ class SqliteStore:
     def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
         if not entries:
             return
-        generation = int(self.meta().get("generation", "0"))
-        with transaction(self._conn, self.path):
+        # the generation the run in progress will commit: its rows need not be rewritten then
+        generation = int(self.meta().get("generation", "0")) + 1
+        with self._writing():
             self._conn.executemany(
                 "INSERT OR REPLACE INTO embed_cache(model, digest, vector, tokens, used) VALUES (?,?,?,?,?)",
                 [
@@ -230,7 +237,7 @@ class SqliteStore:
         model: str,
     ) -> None:
         generation = int(meta.get("generation", "0"))
-        with transaction(self._conn, self.path):
+        with self._writing():
             if upserts and any(v is not None for _, v in upserts):
                 self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
             for cid in sorted(deletes):
@@ -249,13 +256,23 @@ class SqliteStore:
             used = sorted({row.digest for row, _ in upserts})  # live digests are kept anyway (NOT IN below)
             for part in in_batches(used):
                 self._conn.execute(
-                    f"UPDATE embed_cache SET used = ? WHERE model = ? AND digest IN ({','.join('?' * len(part))})",
-                    [generation, model, *part],
+                    "UPDATE embed_cache SET used = ? WHERE model = ? AND used <> ? "
+                    f"AND digest IN ({','.join('?' * len(part))})",
+                    [generation, model, generation, *part],
                 )
             self._conn.execute(
                 "DELETE FROM embed_cache WHERE used < ? AND digest NOT IN (SELECT digest FROM chunks)",
                 (generation - CACHE_RUNS,),
             )
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction; the first readies the connection for writing (``prepare_writer``)."""
+        with transaction(self._conn, self.path):
+            if not self._writer_ready:
+                prepare_writer(self._conn)
+                self._writer_ready = True
+            yield
 
     def checkpoint(self) -> None:
         """Move the WAL into the database file and empty it (before the file is swapped out)."""
@@ -307,10 +324,13 @@ class SqliteStore:
             self._conn.executemany(
                 "DELETE FROM vectors WHERE chunk_id = ?", [(cid,) for cid in sorted(orphans)]
             )
-        self._conn.executemany(_INSERT, [(*(getattr(r, c) for c in _INSERTED), r.to_json()) for r, _ in rows])
+        inserted = self._conn.executemany(
+            _INSERT + " RETURNING rowid", [(*_inserted(r), r.to_json()) for r, _ in rows]
+        )
+        rowids = [rowid for (rowid,) in inserted]  # FTS5 rows by rowid: no lookup per row
         self._conn.executemany(
-            "INSERT INTO fts(rowid, body) SELECT rowid, ? FROM chunks WHERE chunk_id = ?",
-            [(self._analyze(r.embed_text), r.chunk_id) for r, _ in rows],
+            "INSERT INTO fts(rowid, body) VALUES (?, ?)",
+            [(rowid, self._analyze(r.embed_text)) for rowid, (r, _) in zip(rowids, rows, strict=True)],
         )
         self._conn.executemany(
             "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",
