@@ -158,12 +158,7 @@ def bench(trees: list[Tree], args: argparse.Namespace) -> None:
             bench_run.wait_out_deletes()
     scratch.mkdir(parents=True)
     tmpfs = on_tmpfs(scratch)
-    corpus = scratch / "corpus"
-    corpus.mkdir()
-    for name in names:
-        (corpus / name).symlink_to((args.root / name).resolve(), target_is_directory=True)
-    file_list = scratch / "files.txt"
-    file_list.write_text("".join(f"{f}\n" for f in files), encoding="utf-8")
+    corpus, file_list = bench_run.link_corpus(scratch, args.root, names, files)
     jobs = [int(j) for j in args.jobs.split(",")]
     peers = [p for p in args.peers.split(",") if p and bench_run.peer_available(p)]
     before = load()

@@ -214,6 +214,18 @@ def create_cost_us(scratch: Path, folders: int = 60, files: int = 10) -> float:
 RECENTLY_DELETED_S = 360.0
 
 
+def link_corpus(scratch: Path, root: Path, names: list[str], files: list[str]) -> tuple[Path, Path]:
+    """``scratch/corpus`` holding a link to each named corpus under ``root``, and
+    ``scratch/files.txt`` listing ``files`` (the peers read the same documents)."""
+    corpus = scratch / "corpus"
+    corpus.mkdir()
+    for name in names:
+        (corpus / name).symlink_to((root / name).resolve(), target_is_directory=True)
+    file_list = scratch / "files.txt"
+    file_list.write_text("".join(f"{f}\n" for f in files), encoding="utf-8")
+    return corpus, file_list
+
+
 def wait_out_deletes() -> None:
     """After a big delete: flush it (the inode tables are clean then) and wait out ext4's window.
 
@@ -495,12 +507,7 @@ def main() -> None:
         wait_out_deletes()
     scratch.mkdir(parents=True)
     print(f"  a file costs {settle(scratch):.0f} µs to create (quiet: ≤ {QUIET_US:.0f})", flush=True)
-    corpus = scratch / "corpus"
-    corpus.mkdir()
-    for name in names:
-        (corpus / name).symlink_to((args.root / name).resolve(), target_is_directory=True)
-    file_list = scratch / "files.txt"
-    file_list.write_text("".join(f"{f}\n" for f in files), encoding="utf-8")
+    corpus, file_list = link_corpus(scratch, args.root, names, files)
     # Round by round, every tool once per round: a machine that slows down for a while
     # (shared hosts do) slows every tool alike, so the ratios stay meaningful.
     job_counts = [int(j) for j in args.jobs.split(",")]

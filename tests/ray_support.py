@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from conftest import require
@@ -78,9 +78,26 @@ def skip_without_namespaces() -> None:
 
     Both are required parts (``conftest.require``): under ``CI=true`` a missing one fails.
     """
-    require("ray", None if importlib.util.find_spec("ray") else "the ray extra is not installed (pip install -e '.[ray]')")
+    require(
+        "ray",
+        None
+        if importlib.util.find_spec("ray")
+        else "the ray extra is not installed (pip install -e '.[ray]')",
+    )
     problem = unshare_problem()
     require("netns", f"no Ray test cluster: {problem}" if problem else None)
+
+
+@contextlib.contextmanager
+def running_cluster(nodes: int = 2, hide: Path | None = None) -> Iterator[LoopbackCluster]:
+    """A ``LoopbackCluster`` for the ``with`` block (the test skips, or fails under CI, without
+    network namespaces), closed at its end."""
+    skip_without_namespaces()
+    c = LoopbackCluster(nodes, hide)
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 class LoopbackCluster:

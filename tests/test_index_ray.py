@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from conftest import need_corpora
-from ray_support import BIN, LoopbackCluster, skip_without_namespaces
+from ray_support import BIN, LoopbackCluster, running_cluster, skip_without_namespaces
 
 from pipeline.index.query import Searcher
 from pipeline.index.sync import index
@@ -50,12 +50,8 @@ CHAPTERS = ("ch01", "ch02", "ch03")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LoopbackCluster]:
-    skip_without_namespaces()
-    c = LoopbackCluster()
-    try:
+    with running_cluster() as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from kill_support import SEED, Tally, good_files, kills, output_view, report, state_view, stop_in_flight
-from ray_support import LoopbackCluster, skip_without_namespaces
+from ray_support import LoopbackCluster, running_cluster
 from test_crash import edited, generated, write_corpus
 from test_kills import adapt, attempts, classify, converge, source_docs
 
@@ -42,12 +42,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LoopbackCluster]:
-    skip_without_namespaces()
-    c = LoopbackCluster()
-    try:
+    with running_cluster() as c:
         yield c
-    finally:
-        c.close()
 
 
 def ray_ingest_cmd(cluster: LoopbackCluster, corpus: Path, out: Path) -> list[str]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from conftest import chunk_files
-from ray_support import BIN, FENCES, LoopbackCluster, skip_without_namespaces
+from ray_support import BIN, FENCES, LoopbackCluster, running_cluster, skip_without_namespaces
 from test_docs import ROOT, blocks
 
 from pipeline.run.db import db_path, dump_state
@@ -48,12 +48,8 @@ VOLATILE_FEED = ("ts", "trace_id")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LoopbackCluster]:
-    skip_without_namespaces()
-    c = LoopbackCluster()
-    try:
+    with running_cluster() as c:
         yield c
-    finally:
-        c.close()
 
 
 # -- what two outputs must share ------------------------------------------------------------

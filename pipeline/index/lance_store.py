@@ -267,17 +267,7 @@ class LanceStore:
         for i in range(0, len(doomed), 500):
             table.delete(f"chunk_id IN ({_quote(doomed[i : i + 500])})")
         if upserts or doomed or self._needs_fts(table):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                warnings.simplefilter("ignore")  # create_fts_index's deprecation notice
-                table.create_fts_index(
-                    "body",
-                    replace=True,
-                    with_position=True,
-                    remove_stop_words=False,
-                    stem=True,
-                    ascii_folding=True,
-                )
+            build_fts(table)
         generation = int(meta.get("generation", "0"))
         if self._cache is not None and generation % OPTIMIZE_EVERY == 0:
             for t in (table, self._cache):
@@ -320,3 +310,12 @@ class LanceStore:
 
     def close(self) -> None:
         self._chunks = self._cache = None
+
+
+def build_fts(table: Any) -> None:
+    """(Re)build the table's BM25 index over ``body`` (LanceDB rebuilds it whole)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_fts_index's deprecation notice
+        table.create_fts_index(
+            "body", replace=True, with_position=True, remove_stop_words=False, stem=True, ascii_folding=True
+        )
