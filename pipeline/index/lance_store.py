@@ -3,7 +3,10 @@
 Tables ``chunks`` (payload, analyzed text, vector) and ``cache`` ((model, digest) → vector),
 plus ``meta.json``. Rows and cache entries the tables lack are appended (``add``: one Arrow
 table built column by column, no join); the others are ``merge_insert`` on their key, which
-joins against the whole table. Deletes are ``delete(IN …)``.
+joins against the whole table. Deletes are ``delete(IN …)``. Each write is a table version
+and a data file, so cached vectors are written in groups (``CACHE_GROUP`` vectors, or what
+came in ``CACHE_SECONDS``), and before the commit: a killed run loses at most those seconds
+of embedding, never the index.
 LanceDB has no transaction across tables, so ``commit`` orders its steps: rows in, rows
 out, the FTS index rebuilt, then ``meta.json`` (the cursor) replaced atomically. A run
 killed in between leaves the cursor behind its writes; the next run replays the same
@@ -14,8 +17,10 @@ commit is a new table version: ``optimize()`` compacts them every few runs.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Collection, Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +35,14 @@ from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 META = "meta.json"
 OPTIMIZE_EVERY = 10  #: commits between compactions
+#: Cached vectors are written when this many wait, or when the oldest waiting has waited
+#: ``CACHE_SECONDS`` (the next ``put_cache``), and at ``commit`` and ``close``.
+CACHE_GROUP = 4096
+CACHE_SECONDS = 2.0
 _COLUMNS = ["chunk_id", "file", "hash", "digest", "row_digest", "policy_hash", "model_tokens"]
+#: the ``chunks`` columns that are ``ChunkRow`` attributes of the same name, as one getter
+_ROW_COLUMNS = (*(c for c in _COLUMNS if c != "row_digest"), "doc_id", "section_id", "source_file", "text")
+_row_columns = attrgetter(*_ROW_COLUMNS)
 
 
 def _quote(values: Collection[str]) -> str:
@@ -61,6 +73,9 @@ class LanceStore:
         #: keys this store found absent from the cache (``cached``) and has not written since:
         #: one writer holds the store (``store_lock``), so they can be added without a merge
         self._absent: set[str] = set()
+        #: vectors handed to ``put_cache`` and not written yet (key → vector, tokens), since when
+        self._waiting: dict[str, tuple[Vector, int]] = {}
+        self._waiting_since = 0.0
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or LANCE_ANALYZER
 
@@ -162,11 +177,18 @@ class LanceStore:
         if not digests:
             return {}
         keys = [f"{model}\t{d}" for d in digests]
-        found = self._scan(self._cache, f"key IN ({_quote(keys)})", ["key", "vector", "tokens"])
-        self._absent.update(set(keys).difference(r["key"] for r in found))
+        waiting = {key: self._waiting[key] for key in keys if key in self._waiting}
+        asked = [key for key in keys if key not in waiting]
+        found = (
+            self._scan(self._cache, f"key IN ({_quote(asked)})", ["key", "vector", "tokens"]) if asked else []
+        )
+        self._absent.update(set(asked).difference(r["key"] for r in found))
         return {
-            r["key"].split("\t", 1)[1]: (np.asarray(r["vector"], dtype=np.float32), int(r["tokens"]))
-            for r in found
+            **{
+                r["key"].split("\t", 1)[1]: (np.asarray(r["vector"], dtype=np.float32), int(r["tokens"]))
+                for r in found
+            },
+            **{key.split("\t", 1)[1]: entry for key, entry in waiting.items()},
         }
 
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]]:
@@ -214,12 +236,21 @@ class LanceStore:
     # --- writing --------------------------------------------------------------------------
 
     def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
-        if not entries:
+        if not self._waiting:
+            self._waiting_since = time.monotonic()
+        self._waiting.update((f"{model}\t{d}", entry) for d, entry in entries.items())
+        if len(self._waiting) >= CACHE_GROUP or time.monotonic() - self._waiting_since >= CACHE_SECONDS:
+            self._write_cache()
+
+    def _write_cache(self) -> None:
+        """Append (or merge) the vectors ``put_cache`` holds: one table version for all of them."""
+        if not self._waiting:
             return
         pa = self._pa
         generation = int(self.meta().get("generation", "0"))
-        keys = [f"{model}\t{d}" for d in entries]
-        values = list(entries.values())
+        waiting, self._waiting = self._waiting, {}  # a failed write is not tried again at close
+        keys = list(waiting)
+        values = list(waiting.values())
         batch = pa.table(
             {
                 "key": pa.array(keys, pa.string()),
@@ -244,6 +275,7 @@ class LanceStore:
         *,
         model: str,
     ) -> None:
+        self._write_cache()
         kept = self._vectors([row.chunk_id for row, v in upserts if v is None])
         vectors = []
         for row, vector in upserts:
@@ -283,13 +315,15 @@ class LanceStore:
         return pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), self._dim)
 
     def _rows_table(self, rows: Sequence[ChunkRow], vectors: Sequence[Vector]) -> Any:
-        """The ``chunks`` rows as one Arrow table, column by column."""
+        """The ``chunks`` rows as one Arrow table, column by column; each row's payload and
+        ``row_digest`` from one encoding (``ChunkRow.encoded``)."""
         pa = self._pa
-        columns: dict[str, Any] = {c: [getattr(r, c) for r in rows] for c in _COLUMNS}
-        for c in ("doc_id", "section_id", "source_file", "text"):
-            columns[c] = [getattr(r, c) for r in rows]
+        encoded = [r.encoded() for r in rows]
+        values = zip(*map(_row_columns, rows), strict=True) if rows else ([] for _ in _ROW_COLUMNS)
+        columns: dict[str, Any] = dict(zip(_ROW_COLUMNS, values, strict=True))
+        columns["row_digest"] = [digest for _, digest in encoded]
         columns["body"] = [self._analyze(r.embed_text) for r in rows]
-        columns["payload"] = [r.to_json().decode() for r in rows]
+        columns["payload"] = pa.array([payload for payload, _ in encoded], pa.binary()).cast(pa.string())
         columns["vector"] = self._vector_column(vectors)
         return pa.table(columns, schema=self._schema("chunks"))
 
@@ -309,6 +343,7 @@ class LanceStore:
             return True
 
     def close(self) -> None:
+        self._write_cache()
         self._chunks = self._cache = None
 
 

@@ -107,10 +107,17 @@ class ChunkRow:
     @property
     def row_digest(self) -> str:
         """A digest of everything the row holds: equal digest, nothing to write."""
-        return digest_bytes(orjson.dumps(self._fields(), option=orjson.OPT_SORT_KEYS))
+        return digest_bytes(self.to_json())
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self._fields())
+        """The row as JSON, keys sorted: the stored payload, and what ``row_digest`` digests
+        (``encoded`` gives both from one encoding)."""
+        return orjson.dumps(self._fields(), option=orjson.OPT_SORT_KEYS)
+
+    def encoded(self) -> tuple[bytes, str]:
+        """``(to_json(), row_digest)`` from one encoding: a store writes both for every row."""
+        payload = self.to_json()
+        return payload, digest_bytes(payload)
 
     def _fields(self) -> dict[str, Any]:
         """The fields by name, in order: ``asdict`` without its deep copies (every field is a

@@ -30,6 +30,11 @@ PAGE_SIZE = 16384
 #: the cache); with SQLite's default 2 MB most of them would spill to the WAL and be read back.
 #: Memory, not durability: the WAL and ``synchronous`` are unchanged.
 WRITER_CACHE_KIB = 256 * 1024
+#: Bytes of new full-text terms FTS5 keeps in memory before writing them out as a segment
+#: (its ``hashsize``; default 1 MiB): a first index's terms then make a few big segments
+#: instead of dozens of small ones that its automerge keeps merging while the rows go in.
+#: Memory, as above; what a query finds and scores is the same.
+FTS_PENDING_BYTES = 64 * 1024 * 1024
 
 #: The embedding cache: a rowid table with a unique (model, digest) index. Its rows carry a
 #: vector each (1.5 KiB at 384 dims); as a ``WITHOUT ROWID`` table keyed by digest (random
@@ -47,10 +52,10 @@ _SCHEMA = (
     " model_tokens INTEGER NOT NULL, policy_hash TEXT NOT NULL, doc_id TEXT NOT NULL,"
     " section_id TEXT NOT NULL,"
     " source_file TEXT NOT NULL, text TEXT NOT NULL, payload BLOB NOT NULL);"
-    "CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);"
-    "CREATE INDEX IF NOT EXISTS chunks_source ON chunks(source_file);"
     # an incremental run reads the rows of the touched files; the cache's pruning
-    # looks for old entries and for digests still in use: none of them a full scan
+    # looks for old entries and for digests still in use: none of them a full scan.
+    # No other column is looked up (``prepare_writer`` drops the doc_id and source_file
+    # indexes of files written by an earlier version: every index slows each row written)
     "CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file);"
     "CREATE INDEX IF NOT EXISTS chunks_digest ON chunks(digest);"
     f"CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, tokenize='{FTS5_TOKENIZE}');"
@@ -114,8 +119,11 @@ def transaction(conn: Any, path: Path) -> Iterator[None]:
 
 def prepare_writer(conn: Any) -> None:
     """Ready a connection for writing, inside its first write transaction: the writer's page
-    cache, and the cache table in its current layout (``upgrade_cache``)."""
+    cache and FTS5's pending terms, no index nothing looks up, and the cache table in its
+    current layout (``upgrade_cache``)."""
     conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+    conn.execute("DROP INDEX IF EXISTS chunks_doc; DROP INDEX IF EXISTS chunks_source")
+    conn.execute("INSERT INTO fts(fts, rank) VALUES ('hashsize', ?)", (FTS_PENDING_BYTES,))
     upgrade_cache(conn)
 
 

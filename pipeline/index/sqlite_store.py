@@ -48,7 +48,21 @@ _INSERT = (
 )
 
 
-_inserted = attrgetter(*_INSERTED)  #: a row's values for the ``_INSERTED`` columns, in order
+_SPLIT = _INSERTED.index("row_digest")
+_before, _after = attrgetter(*_INSERTED[:_SPLIT]), attrgetter(*_INSERTED[_SPLIT + 1 :])
+
+
+def _inserted(row: ChunkRow) -> tuple[object, ...]:
+    """The row's values for ``_INSERT``: the ``_INSERTED`` columns, then the payload; the payload
+    and ``row_digest`` come from one encoding of the row (``ChunkRow.encoded``)."""
+    payload, row_digest = row.encoded()
+    return (*_before(row), row_digest, *_after(row), payload)
+
+
+def _moved(row: ChunkRow) -> tuple[object, ...]:
+    """The row's values for ``_UPDATE``: the ``_MOVABLE`` columns, the payload, the chunk id."""
+    payload, row_digest = row.encoded()
+    return (*(row_digest if c == "row_digest" else getattr(row, c) for c in _MOVABLE), payload, row.chunk_id)
 
 
 class SqliteStore:
@@ -66,6 +80,9 @@ class SqliteStore:
         self._dense_calls = 0
         self._cached_matrix: tuple[str, Matrix | None] | None = None
         self._writer_ready = False
+        #: digests this store's ``put_cache`` marked used by the generation in progress:
+        #: ``commit`` need not mark them again
+        self._marked: tuple[int, str, set[str]] = (0, "", set())
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or ANALYZER
 
@@ -219,6 +236,8 @@ class SqliteStore:
             return
         # the generation the run in progress will commit: its rows need not be rewritten then
         generation = int(self.meta().get("generation", "0")) + 1
+        if self._marked[:2] != (generation, model):
+            self._marked = (generation, model, set())
         with self._writing():
             self._conn.executemany(
                 "INSERT OR REPLACE INTO embed_cache(model, digest, vector, tokens, used) VALUES (?,?,?,?,?)",
@@ -227,6 +246,7 @@ class SqliteStore:
                     for d, (v, t) in entries.items()
                 ],
             )
+        self._marked[2].update(entries)  # once committed: a rolled-back write raised above
 
     def commit(
         self,
@@ -253,7 +273,9 @@ class SqliteStore:
             self._conn.executemany(
                 "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", sorted(meta.items())
             )
-            used = sorted({row.digest for row, _ in upserts})  # live digests are kept anyway (NOT IN below)
+            marked = self._marked[2] if self._marked[:2] == (generation, model) else set()
+            # live digests are kept anyway (NOT IN below)
+            used = sorted({row.digest for row, _ in upserts}.difference(marked))
             for part in in_batches(used):
                 self._conn.execute(
                     "UPDATE embed_cache SET used = ? WHERE model = ? AND used <> ? "
@@ -324,9 +346,7 @@ class SqliteStore:
             self._conn.executemany(
                 "DELETE FROM vectors WHERE chunk_id = ?", [(cid,) for cid in sorted(orphans)]
             )
-        inserted = self._conn.executemany(
-            _INSERT + " RETURNING rowid", [(*_inserted(r), r.to_json()) for r, _ in rows]
-        )
+        inserted = self._conn.executemany(_INSERT + " RETURNING rowid", [_inserted(r) for r, _ in rows])
         rowids = [rowid for (rowid,) in inserted]  # FTS5 rows by rowid: no lookup per row
         self._conn.executemany(
             "INSERT INTO fts(rowid, body) VALUES (?, ?)",
@@ -348,14 +368,11 @@ class SqliteStore:
     def _put(self, row: ChunkRow, vector: Vector | None) -> None:
         """Replace (or add) one row; a ``None`` vector keeps the stored one (same text)."""
         if vector is None:  # the same embedded text: vector and FTS row stay, the payload moves
-            self._conn.execute(
-                _UPDATE,
-                (*(getattr(row, c) for c in _MOVABLE), row.to_json(), row.chunk_id),
-            )
+            self._conn.execute(_UPDATE, _moved(row))
             if self._conn.changes():
                 return
         self._drop(row.chunk_id, keep_vector=vector is None)
-        self._conn.execute(_INSERT, (*(getattr(row, c) for c in _INSERTED), row.to_json()))
+        self._conn.execute(_INSERT, _inserted(row))
         rowid = self._conn.last_insert_rowid()
         self._conn.execute(
             "INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, self._analyze(row.embed_text))
