@@ -1,8 +1,9 @@
 """The parent's side of ``index --executor ray``: how many vectors/s it absorbs, embedding left out.
 
-With a cluster embedding, the parent's work per vector is what bounds the run: it writes
-each returned batch to the vector cache (``put_cache``, one transaction per batch) and, at
-the end, the rows, vectors and BM25 text in one commit. This bench supplies the vectors
+With a cluster embedding, the parent's work per vector is what bounds the run: it hands
+each returned batch to the vector cache (``put_cache``: SQLite, one transaction per batch;
+LanceDB, one table version per group of batches) and, at the end, writes the rows, vectors
+and BM25 text in one commit (LanceDB rebuilds its BM25 index there). This bench supplies the vectors
 (random unit vectors, 384 dims) for real chunk rows (rust-book, repeated under new ids up
 to ``--vectors``) and times both steps for each store, as the index's own code runs them.
 
