@@ -68,3 +68,33 @@ def test_first_layout_is_converted_by_the_first_write_and_keeps_its_vectors(tmp_
         }
     finally:
         conn.close()
+
+
+def test_an_earlier_files_unused_chunk_indexes_go_at_its_first_write(tmp_path: Path) -> None:
+    """Files of an earlier version index ``chunks`` by doc_id and source_file, which no query
+    reads: the first write drops both (every index slows each row written); reads keep them."""
+    path = tmp_path / "index.sqlite"
+    conn = open_database(path)
+    conn.execute(
+        "CREATE INDEX chunks_doc ON chunks(doc_id); CREATE INDEX chunks_source ON chunks(source_file);"
+    )
+    conn.close()
+
+    def indexes() -> set[str]:
+        conn = open_database(path)
+        try:
+            return {
+                str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'chunks'")
+            }
+        finally:
+            conn.close()
+
+    store = SqliteStore(path, 8)
+    try:
+        store.cached("m", ["blake3:none"])
+        assert {"chunks_doc", "chunks_source"} <= indexes()
+        store.put_cache("m", {"blake3:new": (np.ones(8, dtype=np.float32), 3)})
+    finally:
+        store.close()
+    assert not {"chunks_doc", "chunks_source"} & indexes()
+    assert {"chunks_file", "chunks_digest"} <= indexes()

@@ -109,6 +109,7 @@ def test_commit_read_search_delete_and_reopen(kind: str, tmp_path: Path, vectors
     again = open_store(tmp_path, spec)
     assert set(again.states()) == set(TEXTS) - {"b|r=1|s=2|p=000|b=000"}
     assert again.meta()["generation"] == "3"
+    assert set(again.cached("m", ["d1", "d2"])) == {"d1"}  # a cached vector outlives its store object
     again.close()
 
 
