@@ -4,9 +4,7 @@ Tables ``chunks`` (payload, analyzed text, vector) and ``cache`` ((model, digest
 plus ``meta.json``. Rows and cache entries the tables lack are appended (``add``: one Arrow
 table built column by column, no join); the others are ``merge_insert`` on their key, which
 joins against the whole table. Deletes are ``delete(IN …)``. Each write is a table version
-and a data file, so cached vectors are written in groups (``CACHE_GROUP`` vectors, or what
-came in ``CACHE_SECONDS``), and before the commit: a killed run loses at most those seconds
-of embedding, never the index.
+and a data file, so cached vectors are written in groups (``pipeline.index.cache_group``).
 LanceDB has no transaction across tables, so ``commit`` orders its steps: rows in, rows
 out, the FTS index rebuilt, then ``meta.json`` (the cursor) replaced atomically. A run
 killed in between leaves the cursor behind its writes; the next run replays the same
@@ -17,7 +15,6 @@ commit is a new table version: ``optimize()`` compacts them every few runs.
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 from operator import attrgetter
@@ -30,15 +27,12 @@ import orjson
 from pipeline.errors import UsageError
 from pipeline.index.analyzer import LANCE_ANALYZER
 from pipeline.index.analyzers import analysis
+from pipeline.index.cache_group import WaitingVectors
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 META = "meta.json"
 OPTIMIZE_EVERY = 10  #: commits between compactions
-#: Cached vectors are written when this many wait, or when the oldest waiting has waited
-#: ``CACHE_SECONDS`` (the next ``put_cache``), and at ``commit`` and ``close``.
-CACHE_GROUP = 4096
-CACHE_SECONDS = 2.0
 _COLUMNS = ["chunk_id", "file", "hash", "digest", "row_digest", "policy_hash", "model_tokens"]
 #: the ``chunks`` columns that are ``ChunkRow`` attributes of the same name, as one getter
 _ROW_COLUMNS = (*(c for c in _COLUMNS if c != "row_digest"), "doc_id", "section_id", "source_file", "text")
@@ -73,9 +67,7 @@ class LanceStore:
         #: keys this store found absent from the cache (``cached``) and has not written since:
         #: one writer holds the store (``store_lock``), so they can be added without a merge
         self._absent: set[str] = set()
-        #: vectors handed to ``put_cache`` and not written yet (key → vector, tokens), since when
-        self._waiting: dict[str, tuple[Vector, int]] = {}
-        self._waiting_since = 0.0
+        self._waiting = WaitingVectors()  #: ``put_cache``'s vectors not written yet
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or LANCE_ANALYZER
 
@@ -176,9 +168,8 @@ class LanceStore:
     def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
         if not digests:
             return {}
-        keys = [f"{model}\t{d}" for d in digests]
-        waiting = {key: self._waiting[key] for key in keys if key in self._waiting}
-        asked = [key for key in keys if key not in waiting]
+        waiting = self._waiting.found(model, digests)
+        asked = [f"{model}\t{d}" for d in digests if d not in waiting]
         found = (
             self._scan(self._cache, f"key IN ({_quote(asked)})", ["key", "vector", "tokens"]) if asked else []
         )
@@ -188,7 +179,7 @@ class LanceStore:
                 r["key"].split("\t", 1)[1]: (np.asarray(r["vector"], dtype=np.float32), int(r["tokens"]))
                 for r in found
             },
-            **{key.split("\t", 1)[1]: entry for key, entry in waiting.items()},
+            **waiting,
         }
 
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]]:
@@ -236,20 +227,17 @@ class LanceStore:
     # --- writing --------------------------------------------------------------------------
 
     def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
-        if not self._waiting:
-            self._waiting_since = time.monotonic()
-        self._waiting.update((f"{model}\t{d}", entry) for d, entry in entries.items())
-        if len(self._waiting) >= CACHE_GROUP or time.monotonic() - self._waiting_since >= CACHE_SECONDS:
+        if self._waiting.add(model, entries):
             self._write_cache()
 
     def _write_cache(self) -> None:
         """Append (or merge) the vectors ``put_cache`` holds: one table version for all of them."""
-        if not self._waiting:
+        waiting = self._waiting.take()
+        if not waiting:
             return
         pa = self._pa
         generation = int(self.meta().get("generation", "0"))
-        waiting, self._waiting = self._waiting, {}  # a failed write is not tried again at close
-        keys = list(waiting)
+        keys = [f"{model}\t{digest}" for model, digest in waiting]
         values = list(waiting.values())
         batch = pa.table(
             {

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.index.analyzer import ANALYZER, fts5_query
 from pipeline.index.analyzers import analysis
+from pipeline.index.cache_group import Entries, WaitingVectors
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.sqlite_db import in_batches, open_database, prepare_writer, transaction
 from pipeline.index.sqlite_vectors import Matrix, ids_with_vectors, read_matrix
@@ -46,8 +47,6 @@ _INSERTED = ("chunk_id", "digest", *_MOVABLE)
 _INSERT = (
     f"INSERT INTO chunks({', '.join(_INSERTED)}, payload) VALUES ({', '.join('?' * (len(_INSERTED) + 1))})"
 )
-
-
 _SPLIT = _INSERTED.index("row_digest")
 _before, _after = attrgetter(*_INSERTED[:_SPLIT]), attrgetter(*_INSERTED[_SPLIT + 1 :])
 
@@ -83,6 +82,7 @@ class SqliteStore:
         #: digests this store's ``put_cache`` marked used by the generation in progress:
         #: ``commit`` need not mark them again
         self._marked: tuple[int, str, set[str]] = (0, "", set())
+        self._waiting = WaitingVectors()  #: ``put_cache``'s vectors not written yet
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or ANALYZER
 
@@ -131,8 +131,8 @@ class SqliteStore:
         return found
 
     def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
-        found: dict[str, tuple[Vector, int]] = {}
-        for part in in_batches(list(digests)):
+        found = self._waiting.found(model, digests)
+        for part in in_batches([d for d in digests if d not in found]):
             marks = ",".join("?" * len(part))
             for digest, blob, tokens in self._conn.execute(
                 f"SELECT digest, vector, tokens FROM embed_cache WHERE model = ? AND digest IN ({marks})",
@@ -232,21 +232,31 @@ class SqliteStore:
     # --- writing --------------------------------------------------------------------------
 
     def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
-        if not entries:
-            return
-        # the generation the run in progress will commit: its rows need not be rewritten then
-        generation = int(self.meta().get("generation", "0")) + 1
-        if self._marked[:2] != (generation, model):
-            self._marked = (generation, model, set())
-        with self._writing():
-            self._conn.executemany(
-                "INSERT OR REPLACE INTO embed_cache(model, digest, vector, tokens, used) VALUES (?,?,?,?,?)",
-                [
-                    (model, d, np.asarray(v, dtype=np.float32).tobytes(), t, generation)
-                    for d, (v, t) in entries.items()
-                ],
-            )
-        self._marked[2].update(entries)  # once committed: a rolled-back write raised above
+        if entries and self._waiting.add(model, entries):
+            self._write_cache()
+
+    def _write_cache(self) -> None:
+        """Write the vectors ``put_cache`` holds, in one transaction (``pipeline.index.cache_group``)."""
+        waiting = self._waiting.take()
+        if waiting:
+            # the generation the run in progress will commit: its rows need not be rewritten then
+            generation = int(self.meta().get("generation", "0")) + 1
+            with self._writing():
+                self._insert_cache(waiting, generation)
+
+    def _insert_cache(self, entries: Entries, generation: int) -> None:
+        """Cache ``entries`` as used by ``generation``, and remember them so (``_marked``)."""
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO embed_cache(model, digest, vector, tokens, used) VALUES (?,?,?,?,?)",
+            [
+                (model, d, np.asarray(v, dtype=np.float32).tobytes(), t, generation)
+                for (model, d), (v, t) in entries.items()
+            ],
+        )
+        for model, digest in entries:
+            if self._marked[:2] != (generation, model):
+                self._marked = (generation, model, set())
+            self._marked[2].add(digest)
 
     def commit(
         self,
@@ -258,6 +268,7 @@ class SqliteStore:
     ) -> None:
         generation = int(meta.get("generation", "0"))
         with self._writing():
+            self._insert_cache(self._waiting.take(), generation)  # the vectors still waiting, first
             if upserts and any(v is not None for _, v in upserts):
                 self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
             for cid in sorted(deletes):
@@ -301,7 +312,10 @@ class SqliteStore:
         self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
-        self._conn.close()
+        try:
+            self._write_cache()
+        finally:
+            self._conn.close()
 
     # --- inside ---------------------------------------------------------------------------
 
