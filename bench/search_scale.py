@@ -246,7 +246,7 @@ def build_scale(path: Path) -> dict[str, float]:
         ann.HnswIndex(path, int(meta["dim"])).remove()
         sync.settle(meta)
         taken["scale_build_s"] = round(time.perf_counter() - started, 1)
-        taken |= {f"{name}_build_s": round(s, 1) for name, s in sync.seconds.items()}
+        taken |= {f"{name}_s": round(s, 1) for name, s in sync.seconds.items()}
         log(f"scale indexes built in {taken['scale_build_s']} s")
     folder = bm25_tantivy.folder_for(path)
     taken["tantivy_mb"] = round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6, 1)
@@ -288,14 +288,18 @@ def probe(spec_path: Path) -> None:
                                  "max_ms": round(times[-1], 1), "queries": len(times)}
         result["runs"][mode] = runs
     result["rss_mb"] = round(_rss_mb(), 1)
+    result["rss_anon_mb"] = round(_rss_mb("RssAnon"), 1)
+    result["rss_file_mb"] = round(_rss_mb("RssFile"), 1)
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     ask.close()
     print(json.dumps(result))
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS") -> float:
+    """The process's resident memory (``RssAnon``: its own; ``RssFile``: mapped file pages, which
+    the kernel may drop and read again)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -363,7 +367,7 @@ def measure_size(
     if "scale" in phases:
         log(f"{size}: probing with the scale indexes ({len(asked)} questions)")
         scaled = run_probe(scratch, out, store, asked, MODES, True)
-        row["scale"] = {**scaled["modes"], "rss_mb": scaled["rss_mb"], "peak_rss_mb": scaled["peak_rss_mb"]}
+        row["scale"] = {**scaled["modes"], **{k: v for k, v in scaled.items() if k.endswith("_mb")}}
         runs_of["scale"].write_text(json.dumps(scaled["runs"]))
     if "exact" in phases:
         exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
@@ -431,7 +435,27 @@ def edit_cost(store: Path, gold: list[tuple[Any, Any]]) -> dict[str, float]:
         assert not sync.rebuilt, sync.rebuilt
         taken[f"{name}_store_s"] = round(committed - started, 3)
         taken[f"{name}_scale_s"] = round(done - committed, 3)
+        taken |= {f"{name}_{index}_s": round(s, 3) for index, s in sync.seconds.items()}
+        if name == "edit":  # a new searcher finds the edited chunks through both scale indexes
+            taken["edit_searchable_s"] = round(_found(store, edited) - started, 3)
     return taken
+
+
+def _found(store: Path, edited: list[tuple[Any, Any]]) -> float:
+    """When a new ``ScaleSearch`` (current, not stale) finds the edit: BM25 on the appended
+    word returns the edited chunks, dense search on an edited vector returns its chunk first."""
+    from pipeline.index.scale import ScaleSearch
+
+    search = ScaleSearch(store, len(edited[0][1]))
+    try:
+        lexical = search.lexical(["zanzibarian"], len(edited)) or []
+        dense = search.dense(edited[0][1], 1) or []
+        assert not search.stale, search.stale
+        assert {c for c, _ in lexical} == {r.chunk_id for r, _ in edited}, lexical
+        assert dense and dense[0][0] == edited[0][0].chunk_id, dense
+        return time.perf_counter()
+    finally:
+        search.close()
 
 
 def gold_alone(scratch: Path, corpora: dict[str, tuple[Path, Path]], gold: list[tuple[Any, Any]]) -> dict[str, Any]:
