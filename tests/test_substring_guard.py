@@ -73,3 +73,41 @@ def test_edges_that_may_be_parts_of_words_are_not_taken_as_whole() -> None:
     assert not substring_ruled_out("+= ==", query_terms("+= =="))  # no word at all: scan
     assert not substring_ruled_out("a ___ b", query_terms("a ___ b"))  # '___' has no token
     assert analyze("中") == " 中 "
+
+
+def test_a_searcher_still_falls_back_to_substrings_that_bm25_cannot_see(tmp_path: Path) -> None:
+    """End to end on a real index: a needle of parts of words (BM25 finds nothing) still finds
+    its chunk through the scan; a sentence found nowhere comes back empty, without it."""
+    import re
+
+    from index_support import copy_sample, run_ingest
+
+    from pipeline.index import Searcher, index
+    from pipeline.index.vector_store import open_store
+
+    corpus, out = copy_sample(tmp_path / "corpus"), tmp_path / "chunks"
+    run_ingest(corpus, out)
+    index(out)
+    db = open_store(out)
+    try:
+        needle = ""
+        for row in db.rows([cid for cid, _ in db.lexical(["chunk"], 50)]).values():
+            for first, second in re.findall(r"\b([a-z]{7,}) ([a-z]{5,})\b", row.text):
+                candidate = f"{first[3:]} {second[:3]}"
+                if not db.lexical(query_terms(candidate), 5):
+                    needle = candidate
+                    break
+            if needle:
+                break
+        assert needle, "no needle of word parts in the sample"
+        assert not substring_ruled_out(needle, query_terms(needle))
+        expected = db.substring(needle, 5)
+        assert expected
+    finally:
+        db.close()
+    with Searcher(out, expand_tokens=0) as ask:
+        record = ask.record(needle, 5, "bm25")
+        assert {it["chunk_id"] for it in record["items"]} == {cid for cid, _ in expected}  # ties ordered apart
+        assert all(needle in it["text"] for it in record["items"])
+        nowhere = ask.record("参数服务器会成为瓶颈吗", 5, "bm25")
+        assert nowhere["items"] == []
