@@ -267,6 +267,10 @@ def probe(spec_path: Path) -> None:
     embed = CachedEmbed(make_embedder("default"), Path(spec["cache"]), quiet=True)
     questions: list[str] = spec["questions"]
     embed(questions)  # the query vectors come from the cache: the timing is the search's
+    if spec.get("ef"):  # --ef: the graph's search breadth for this probe (ann.EXPANSION_SEARCH)
+        from pipeline.index import ann
+
+        ann.EXPANSION_SEARCH = int(spec["ef"])
     ask = Searcher(Path(spec["out"]), f"sqlite:{spec['store']}", embed, expand_tokens=0)
     if not spec["scale"] and ask._scale is not None:
         ask._scale.close()
@@ -305,12 +309,12 @@ def _rss_mb(field: str = "VmRSS") -> float:
 
 
 def run_probe(scratch: Path, out: Path, store: Path, questions: list[str], modes: Sequence[str],
-              scale: bool) -> dict[str, Any]:
+              scale: bool, ef: int = 0) -> dict[str, Any]:
     import subprocess
 
-    spec = scratch / "probe.json"
+    spec = scratch / f"probe-{os.getpid()}.json"  # a probe of its own: phases may run side by side
     spec.write_text(json.dumps({"cache": str(scratch / "embed-cache.sqlite"), "out": str(out), "store": str(store),
-                                "questions": questions, "modes": list(modes), "scale": scale}))
+                                "questions": questions, "modes": list(modes), "scale": scale, "ef": ef}))
     done = subprocess.run([sys.executable, __file__, "--probe", str(spec)], capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:
@@ -365,14 +369,19 @@ def measure_size(
     asked = list(dict.fromkeys(questions + [q.question for qs in sets.values() for q in qs]))
     runs_of = {side: scratch / f"runs-{size}-{side}.json" for side in ("scale", "exact")}
     if "scale" in phases:
-        log(f"{size}: probing with the scale indexes ({len(asked)} questions)")
-        scaled = run_probe(scratch, out, store, asked, MODES, True)
-        row["scale"] = {**scaled["modes"], **{k: v for k, v in scaled.items() if k.endswith("_mb")}}
-        runs_of["scale"].write_text(json.dumps(scaled["runs"]))
+        log(f"{size}: probing with the scale indexes, {' '.join(args.modes)} ({len(asked)} questions)")
+        scaled = run_probe(scratch, out, store, asked, args.modes, True, args.ef)
+        if args.ef:
+            row["scale"] = row.get("scale", {}) | {"ef": args.ef}
+        memory = {k: v for k, v in scaled.items() if k.endswith("_mb")}
+        row.setdefault("scale", {}).update(scaled["modes"])
+        row["scale"]["memory"] = {**row["scale"].get("memory", {}), "+".join(args.modes): memory}
+        found = json.loads(runs_of["scale"].read_text()) if runs_of["scale"].exists() and args.only else {}
+        runs_of["scale"].write_text(json.dumps({**found, **scaled["runs"]}))
     if "exact" in phases:
         exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
         found = json.loads(runs_of["exact"].read_text()) if runs_of["exact"].exists() and args.only else {}
-        for mode in args.exact_modes:
+        for mode in args.modes:
             log(f"{size}: probing the exact path, {mode} ({len(exact_questions)} questions)")
             exact = run_probe(scratch, out, store, exact_questions, [mode], False)
             row.setdefault("exact", {})[mode] = exact["modes"][mode]
@@ -381,16 +390,18 @@ def measure_size(
             runs_of["exact"].write_text(json.dumps(found))
     if all(p.exists() for p in runs_of.values()):
         scaled_runs, exact_runs = (json.loads(p.read_text()) for p in (runs_of["scale"], runs_of["exact"]))
-        if "dense" in exact_runs:
+        if "dense" in exact_runs and "dense" in scaled_runs:
             row["ann_recall@10"] = recall_at_10(scaled_runs["dense"], exact_runs["dense"])
         row["ndcg@10"] = {
             name: {mode: {"scale": ndcg(scaled_runs[mode], qs), "exact": ndcg(exact_runs[mode], qs)}
-                   for mode in MODES if mode in exact_runs}
+                   for mode in MODES if mode in exact_runs and mode in scaled_runs}
             for name, qs in sets.items()
         }
     if "edit" in phases:
         row["edit"] = edit_cost(store, gold)
     row[f"load_after_{'+'.join(phases)}"] = os.getloadavg()
+    if kept.exists() and args.only:  # another phase may have finished meanwhile: keep its results
+        row = {**json.loads(kept.read_text()), **row}
     kept.write_text(json.dumps(row, indent=2))
     log(json.dumps(row))
     return row
@@ -547,8 +558,9 @@ def main() -> None:
     parser.add_argument("--prepare-only", action="store_true", help="chunk and embed, then stop")
     parser.add_argument("--only", choices=["build", "scale", "exact", "edit"],
                         help="one phase per size (the others' results kept in DIR/result-<size>.json)")
-    parser.add_argument("--exact-modes", nargs="+", default=list(MODES), choices=MODES,
-                        help="the modes the exact path is probed in (--only exact)")
+    parser.add_argument("--ef", type=int, default=0, help="the HNSW search's breadth (0: ann.EXPANSION_SEARCH)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                        help="the modes probed (--only scale / exact)")
     parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bm25-gold", action="store_true",
                         help="only: each gold set's BM25 nDCG@10 alone, FTS5 against Tantivy (no embedding)")
