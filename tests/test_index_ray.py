@@ -41,11 +41,13 @@ from pipeline.run.ingest import Options, ingest
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 pytest.importorskip("sqlite_vec", reason="the index extra is not installed (pip install -e '.[index]')")
 
-pytestmark = pytest.mark.corpora
+#: A two-node cluster embedding ~100 chunks twice over: minutes on a loaded machine, past the
+#: suite's per-test limit (a guard against hangs, not a speed goal).
+pytestmark = [pytest.mark.corpora, pytest.mark.slow, pytest.mark.timeout(900)]
 
 GOLD = Path(__file__).resolve().parents[1] / "bench" / "gold" / "rust-book.jsonl"
-#: rust-book's first chapters: enough batches to kill a node between two of them.
-CHAPTERS = ("ch01", "ch02", "ch03")
+#: rust-book's first two chapters (~100 chunks): enough batches to kill a node between two of them.
+CHAPTERS = ("ch01", "ch02")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ingest(Options(corpus=root / "corpus", out=root / "chunks", jobs=1))
     shutil.copytree(root / "chunks", root / "local")
     report = index(root / "local")
-    assert report.embedded == report.chunks > 100
+    assert report.embedded == report.chunks > 90
     return root
 
 
