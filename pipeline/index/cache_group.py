@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from pipeline.index.rows import Vector
 
 GROUP = 4096  #: vectors that make a write due at once
-SECONDS = 2.0  #: how long the oldest waiting vector may wait for the next ``put_cache``
+SECONDS = 0.5  #: how long the oldest waiting vector may wait for the next ``put_cache``
 
 #: (model, digest) → (vector, length in the embedder's units)
 Entries = dict[tuple[str, str], tuple[Vector, int]]
