@@ -1,12 +1,11 @@
-"""Vectors handed to a store's ``put_cache`` and not written yet: the cache is written in groups.
+"""Vectors handed to LanceDB's ``put_cache`` and not written yet: its cache is written in groups.
 
-Each cache write costs a store more than its vectors: SQLite, a transaction that rewrites
-every page of the cache's (model, digest) index the batch touches (digests are random); LanceDB,
-a table version and a data file. A run with embedders returning many small batches (a Ray
-cluster) therefore writes them in groups: when ``GROUP`` vectors wait, or when the oldest has
-waited ``SECONDS`` (seen at the next ``put_cache``), and always before the run's commit and at
-``close``. A killed run loses at most those seconds of embedding, never the index; a slow
-embedder (one batch in more than ``SECONDS``) still writes every batch as it comes.
+Each LanceDB write is a table version and a data file, whatever its size. A run with embedders
+returning many small batches (a Ray cluster) therefore writes them in groups: when ``GROUP``
+vectors wait, or when the oldest has waited ``SECONDS`` (seen at the next ``put_cache``), and
+always before the run's commit and at ``close``. A killed run loses at most those seconds of
+embedding, never the index. The SQLite store writes each batch as it comes (its transactions
+are cheap, and a run's progress shows in its file); ``Entries`` is its cache rows' shape too.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.index.analyzer import ANALYZER, fts5_query
 from pipeline.index.analyzers import analysis
-from pipeline.index.cache_group import Entries, WaitingVectors
+from pipeline.index.cache_group import Entries
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.sqlite_db import in_batches, open_database, prepare_writer, transaction
 from pipeline.index.sqlite_vectors import Matrix, ids_with_vectors, read_matrix
@@ -82,7 +82,6 @@ class SqliteStore:
         #: digests this store's ``put_cache`` marked used by the generation in progress:
         #: ``commit`` need not mark them again
         self._marked: tuple[int, str, set[str]] = (0, "", set())
-        self._waiting = WaitingVectors()  #: ``put_cache``'s vectors not written yet
         #: the index's own analyzer (a new index: the default, until a run chooses another)
         self.analyzer = self.meta().get("analyzer") or ANALYZER
 
@@ -131,8 +130,8 @@ class SqliteStore:
         return found
 
     def cached(self, model: str, digests: Collection[str]) -> dict[str, tuple[Vector, int]]:
-        found = self._waiting.found(model, digests)
-        for part in in_batches([d for d in digests if d not in found]):
+        found: dict[str, tuple[Vector, int]] = {}
+        for part in in_batches(list(digests)):
             marks = ",".join("?" * len(part))
             for digest, blob, tokens in self._conn.execute(
                 f"SELECT digest, vector, tokens FROM embed_cache WHERE model = ? AND digest IN ({marks})",
@@ -232,17 +231,13 @@ class SqliteStore:
     # --- writing --------------------------------------------------------------------------
 
     def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
-        if entries and self._waiting.add(model, entries):
-            self._write_cache()
-
-    def _write_cache(self) -> None:
-        """Write the vectors ``put_cache`` holds, in one transaction (``pipeline.index.cache_group``)."""
-        waiting = self._waiting.take()
-        if waiting:
+        """One transaction per call: each returned batch is durable as it comes (unlike LanceDB's
+        groups, ``pipeline.index.cache_group``; a run's progress shows in the file)."""
+        if entries:
             # the generation the run in progress will commit: its rows need not be rewritten then
             generation = int(self.meta().get("generation", "0")) + 1
             with self._writing():
-                self._insert_cache(waiting, generation)
+                self._insert_cache({(model, d): entry for d, entry in entries.items()}, generation)
 
     def _insert_cache(self, entries: Entries, generation: int) -> None:
         """Cache ``entries`` as used by ``generation``, and remember them so (``_marked``)."""
@@ -268,7 +263,6 @@ class SqliteStore:
     ) -> None:
         generation = int(meta.get("generation", "0"))
         with self._writing():
-            self._insert_cache(self._waiting.take(), generation)  # the vectors still waiting, first
             if upserts and any(v is not None for _, v in upserts):
                 self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
             for cid in sorted(deletes):
@@ -312,10 +306,7 @@ class SqliteStore:
         self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
-        try:
-            self._write_cache()
-        finally:
-            self._conn.close()
+        self._conn.close()
 
     # --- inside ---------------------------------------------------------------------------
 

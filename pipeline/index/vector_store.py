@@ -75,7 +75,8 @@ class VectorStore(Protocol):
 
     def put_cache(self, model: str, entries: Mapping[str, tuple[Vector, int]]) -> None:
         """Add computed vectors to the cache (the index is untouched); ``cached`` sees them at
-        once, the file by the next commit or ``close`` (written in groups: ``pipeline.index.cache_group``)."""
+        once, the file at once (SQLite) or in groups, by the next commit or ``close`` at the latest
+        (LanceDB: ``pipeline.index.cache_group``)."""
         ...
 
     def commit(
