@@ -132,6 +132,7 @@ def run_server(
     # one BLAS thread per query (set before numpy loads): the workers are the parallelism,
     # and a pool of BLAS threads per product would only hand the query between threads
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    _log_plainly()
     from pipeline.serve.handle import open_index
     from pipeline.serve.limits import Limits
     from pipeline.serve.watching import WriterProcess
@@ -159,6 +160,19 @@ def run_server(
         if writer is not None:
             writer.stop()
         handle.close()
+
+
+def _log_plainly() -> None:
+    """chunkyard's own log records (a broken chunk file, a failed request) one per line on
+    stderr, whole: the MCP SDK gives the root logger a handler that wraps lines at 80 columns,
+    and a file name or a fix cut in two cannot be searched for in a log."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("chunkyard")
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _warm(handle: Any) -> None:
