@@ -26,6 +26,9 @@ from pipeline.index.expand import ChunkFiles, ChunkSpan, expand
 MERGE_DEPTH = 30
 #: Chunk records kept across queries (the folder's hot ones); past it the memory starts over.
 CHUNK_RECORDS_KEPT = 20_000
+#: Token counts of passage texts kept across queries (a hot passage is measured once; its
+#: text is the key, so an edited source never gets an old count); past it the memory starts over.
+PASSAGE_COUNTS_KEPT = 4_096
 
 log = logging.getLogger("chunkyard.search")
 
@@ -47,6 +50,7 @@ class Passages:
         self._store: Any = False  # the chunk folder's store, opened on the first passage
         self._texts: dict[str, tuple[tuple[int, int] | None, str | None]] = {}
         self._counter: Callable[[str], int] | None = None
+        self._passage_counts: dict[str, int] = {}
         self._records: dict[Path, tuple[tuple[int, int, int], Read]] = {}
 
     def _chunk_store(self) -> Any:
@@ -160,7 +164,7 @@ class Passages:
             budget,
             text_of=text_of,
             ranked_only=True,
-            count=self._count,
+            count=self._count_passage,
             scope=self.scope,
             depth=MERGE_DEPTH,
         )
@@ -172,6 +176,16 @@ class Passages:
                 f"is not merged into a passage (hint: {repair_hint(self.out)})"
             )
         return merged
+
+    def _count_passage(self, text: str) -> int:
+        """Tokens of a passage's text, remembered (the tokenizer keeps only short texts' counts)."""
+        tokens = self._passage_counts.get(text)
+        if tokens is None:
+            tokens = self._count(text)
+            if len(self._passage_counts) >= PASSAGE_COUNTS_KEPT:
+                self._passage_counts.clear()
+            self._passage_counts[text] = tokens
+        return tokens
 
     @property
     def _count(self) -> Callable[[str], int]:
