@@ -315,16 +315,9 @@ def main() -> int:
     try:
         corpus, chunks, questions = prepare(args, work)
         cache = [] if args.query_cache is None else ["--query-cache", str(args.query_cache)]
+        processes = ["--processes", str(args.processes)] if args.processes != 1 else []
         server = Server(
-            [
-                "--out",
-                str(chunks),
-                "--workers",
-                str(args.workers),
-                "--processes",
-                str(args.processes),
-                *cache,
-            ],
+            ["--out", str(chunks), "--workers", str(args.workers), *processes, *cache],
             work,
         )
         try:
