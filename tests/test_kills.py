@@ -325,12 +325,18 @@ def change_chunks(corpus: Path, out: Path, i: int) -> None:
     run_ingest(corpus, out, policy=Policy(budgets[(i // 4) % 3], 32, "cl100k_base", True, "en"))
 
 
+#: The sample's longest document stays out of the index phases: every fourth round re-chunks
+#: the corpus and embeds it again, and the rest (~60 chunks, fifteen commits of four, sections
+#: long enough for each budget to cut them its own way) leaves moments enough in flight.
+BIG_SAMPLE_DOCS = ("deep-dive.md",)
+
+
 def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tally:
     from pipeline.index.sync import index, index_embedder
     from pipeline.index.vector_store import StoreError, store_spec
 
     corpus, out = tmp_path / "corpus", tmp_path / "chunks"
-    shutil.copytree(SAMPLE, corpus)
+    shutil.copytree(SAMPLE, corpus, ignore=shutil.ignore_patterns(*BIG_SAMPLE_DOCS))
     run_ingest(corpus, out)
     cmd = [*CHUNKYARD, "index", "--out", str(out), "--quiet"] + (["--store", store] if store else [])
     env = {**os.environ, "CHUNKYARD_INDEX_BATCH": "4"}
