@@ -128,6 +128,7 @@ def expand(
     count: Callable[[str], int] | None = None,
     scope: str = "section",
     depth: int | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
 
@@ -168,6 +169,8 @@ def expand(
     covered: set[str] = set()
     out: list[dict[str, Any]] = []
     for item in items:
+        if limit is not None and len(out) >= limit:
+            break
         chunk_id = id_of(item)
         if chunk_id in covered:
             continue

@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pipeline.audit.broken import BrokenChunkError, read_checked, repair_hint
 from pipeline.errors import PipelineError
@@ -99,7 +99,7 @@ class Passages:
             return kept[1]
         read: Read
         try:
-            read = (dict(read_checked(self.out, path.relative_to(self.out).as_posix())), None)
+            read = (cast(dict[str, Any], read_checked(self.out, path.relative_to(self.out).as_posix())), None)
         except OSError:
             read = (None, None)
         except BrokenChunkError as exc:
@@ -111,10 +111,15 @@ class Passages:
         return read
 
     def merge(
-        self, items: list[dict[str, Any]], budget: int, warnings: list[str], ids: Mapping[str, str]
+        self,
+        items: list[dict[str, Any]],
+        budget: int,
+        warnings: list[str],
+        ids: Mapping[str, str],
+        limit: int | None = None,
     ) -> list[dict[str, Any]]:
         """``items`` (best first) merged into passages (``pipeline.index.expand``, ranked neighbours
-        only, within ``passage_scope``).
+        only, within ``passage_scope``); the first ``limit`` passages only, when given.
 
         A hit whose source no longer holds its text at its offsets (edited since ingest, or
         gone) is kept as a chunk, with a warning: a passage is read from the source.
@@ -167,6 +172,7 @@ class Passages:
             count=self._count_passage,
             scope=self.scope,
             depth=MERGE_DEPTH,
+            limit=limit,
         )
         for item in merged:
             item.setdefault("chunk_ids", [item["chunk_id"]])
