@@ -104,7 +104,7 @@ def serve_cmd(
         int, typer.Option("--query-cache", min=0, help="Recent queries whose vectors are kept (0: none).")
     ] = 4096,
     max_concurrent: Annotated[
-        int, typer.Option("--max-concurrent", min=1, help="Requests in flight before 503 busy.")
+        int, typer.Option("--max-concurrent", min=1, help="Requests in flight (per process) before 503 busy.")
     ] = 64,
     quiet: QuietOpt = False,
 ) -> None:
