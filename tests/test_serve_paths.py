@@ -36,8 +36,8 @@ def test_a_broken_chunk_file_is_answered_around_and_named_and_the_server_keeps_s
     meets them still answers (200): the hit comes back as the plain chunk the index holds, the
     broken neighbour stays out of the passage, and a warning names each file and the fix. A
     request about a broken chunk itself (resolve, get) is 500 ``broken_chunk`` naming its file
-    and the fix, never a traceback; the server's log says the same; once mended, every answer
-    is the one from before."""
+    and the fix, never a traceback; a citation of it is checked as ``unreadable_chunk``; the
+    server's log says the same; once mended, every answer is the one from before."""
     corpus, chunks = indexed(tmp_path, tmp_path / "broken")
     question = "/v1/search?q=" + quote("allow credentials with wildcard origins") + "&k=3"
     with served(["--out", str(chunks), "--corpus", str(corpus)], tmp_path) as server:
@@ -73,6 +73,11 @@ def test_a_broken_chunk_file_is_answered_around_and_named_and_the_server_keeps_s
             assert (answer["ok"], answer["code"], answer["file"]) == (False, "broken_chunk", rel), answer
             assert answer["error"].startswith(f"{rel}: broken chunk file") and "--full" in answer["error"]
             assert b"Traceback" not in body
+        # an answer citing the broken chunk: checked, with one clear problem for that citation
+        status, report = server.post("/v1/check-citations", {"citations": [hit]})
+        assert status == 200 and report["ok"] is False, report
+        problems = [p for p in report["problems"] if victim in json.dumps(p)]
+        assert problems and problems[0]["code"] == "unreadable_chunk", report
         status, health = server.get("/v1/health")
         assert status == 200 and health["ok"]
         assert server.proc is not None
