@@ -161,14 +161,30 @@ def embedder_for(choice: Choice) -> tuple[str, str]:
 
 #: The dense side's weight (BM25's is 1) in hybrid search over CJK text. The default embedder
 #: was trained on English: its vectors of Chinese or Japanese carry little, and at equal weight
-#: they pull the hits BM25 ranks well down (docs/benchmarks.md, the d2l-zh set). The
-#: multilingual model gets the same weight until it is measured there.
-CJK_DENSE = 0.3
+#: they pull the hits BM25 ranks well down (docs/benchmarks.md, the d2l-zh set, with the BM25
+#: windows of ``pipeline.index.windows``). The multilingual model gets the same weight until it
+#: is measured there.
+CJK_DENSE = 0.1
+#: The passage budget (``search --expand``) over CJK text. cl100k spends about a token per
+#: Chinese or Japanese character, so a budget holds far less text there than in English; the
+#: English default's passages cut the answer's context short (docs/benchmarks.md, d2l-zh).
+CJK_PASSAGE_TOKENS = 1024
+
+
+def is_cjk_index(meta: Mapping[str, str]) -> bool:
+    """Whether the index whose meta is ``meta`` was built with the CJK analyzer."""
+    return meta.get("analyzer", "").endswith(with_cjk("", True))
+
+
+def passage_budget(meta: Mapping[str, str], default: int) -> int:
+    """The passage budget of search over the index whose meta is ``meta`` when none is asked:
+    ``default``, or ``CJK_PASSAGE_TOKENS`` for an index with the CJK analyzer."""
+    return CJK_PASSAGE_TOKENS if is_cjk_index(meta) else default
 
 
 def hybrid_weights(meta: Mapping[str, str]) -> tuple[float, float]:
     """(BM25, dense) weights of hybrid search over the index whose meta is ``meta``: equal, except
     an index with the CJK analyzer, whose dense side counts ``CJK_DENSE``."""
-    if meta.get("analyzer", "").endswith(with_cjk("", True)):
+    if is_cjk_index(meta):
         return (1.0, CJK_DENSE)
     return (1.0, 1.0)
