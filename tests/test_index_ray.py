@@ -44,8 +44,8 @@ pytest.importorskip("sqlite_vec", reason="the index extra is not installed (pip 
 pytestmark = pytest.mark.corpora
 
 GOLD = Path(__file__).resolve().parents[1] / "bench" / "gold" / "rust-book.jsonl"
-#: rust-book's first chapters: enough batches to kill a node between two of them.
-CHAPTERS = ("ch01", "ch02", "ch03")
+#: rust-book's first two chapters (~100 chunks): enough batches to kill a node between two of them.
+CHAPTERS = ("ch01", "ch02")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ingest(Options(corpus=root / "corpus", out=root / "chunks", jobs=1))
     shutil.copytree(root / "chunks", root / "local")
     report = index(root / "local")
-    assert report.embedded == report.chunks > 100
+    assert report.embedded == report.chunks > 90
     return root
 
 

@@ -151,7 +151,7 @@ def test_ingest_killed_with_its_workers_at_random_moments(tmp_path: Path) -> Non
     known_good = good_files(clean)
     tally = Tally("ingest (first run, process group)")
     window = t_clean
-    for i in attempts(tally, kills(60)):
+    for i in attempts(tally, kills(80)):
         rng = random.Random(f"{SEED}:ingest-group:{i}")
         out = tmp_path / f"out{i}"
         proc = subprocess.Popen(ingest_cmd(corpus, out), start_new_session=True, stdout=subprocess.DEVNULL)
@@ -165,7 +165,7 @@ def test_ingest_killed_with_its_workers_at_random_moments(tmp_path: Path) -> Non
             converge(out, corpus, want, known_good, f"ingest kill {i} (seed {SEED})")
         shutil.rmtree(out)
     report(tally)
-    assert tally.landed == kills(60)
+    assert tally.landed == kills(80)
 
 
 def test_ingest_parent_killed_while_workers_write(tmp_path: Path) -> None:
@@ -185,7 +185,7 @@ def test_ingest_parent_killed_while_workers_write(tmp_path: Path) -> None:
     tally = Tally("ingest (incremental, parent alone)")
     window = t_clean
     with subreaper():
-        for i in attempts(tally, kills(50)):
+        for i in attempts(tally, kills(40)):
             rng = random.Random(f"{SEED}:ingest-parent:{i}")
             out = tmp_path / f"out{i}"
             shutil.copytree(base, out)
@@ -203,7 +203,7 @@ def test_ingest_parent_killed_while_workers_write(tmp_path: Path) -> None:
                 converge(out, corpus, want, known_good, f"parent kill {i} (seed {SEED})")
             shutil.rmtree(out)
     report(tally)
-    assert tally.landed == kills(50)
+    assert tally.landed == kills(40)
 
 
 # -- watch --------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_watch_killed_mid_burst(tmp_path: Path) -> None:
     want_files = chunk_view(clean)
     known_good = good_files(clean)
     tally = Tally("watch (mid-burst, process group)")
-    for i in attempts(tally, kills(40)):
+    for i in attempts(tally, kills(35)):
         rng = random.Random(f"{SEED}:watch:{i}")
         corpus = write_corpus(tmp_path / f"corpus{i}", docs_a)
         out = tmp_path / f"out{i}"
@@ -263,7 +263,7 @@ def test_watch_killed_mid_burst(tmp_path: Path) -> None:
         shutil.rmtree(out)
         shutil.rmtree(corpus)
     report(tally)
-    assert tally.landed == kills(40)
+    assert tally.landed == kills(35)
 
 
 _STATES: dict[str, Any] = {}
@@ -325,12 +325,18 @@ def change_chunks(corpus: Path, out: Path, i: int) -> None:
     run_ingest(corpus, out, policy=Policy(budgets[(i // 4) % 3], 32, "cl100k_base", True, "en"))
 
 
+#: The sample's longest document stays out of the index phases: every fourth round re-chunks
+#: the corpus and embeds it again, and the rest (~60 chunks, fifteen commits of four, sections
+#: long enough for each budget to cut them its own way) leaves moments enough in flight.
+BIG_SAMPLE_DOCS = ("deep-dive.md",)
+
+
 def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tally:
     from pipeline.index.sync import index, index_embedder
     from pipeline.index.vector_store import StoreError, store_spec
 
     corpus, out = tmp_path / "corpus", tmp_path / "chunks"
-    shutil.copytree(SAMPLE, corpus)
+    shutil.copytree(SAMPLE, corpus, ignore=shutil.ignore_patterns(*BIG_SAMPLE_DOCS))
     run_ingest(corpus, out)
     cmd = [*CHUNKYARD, "index", "--out", str(out), "--quiet"] + (["--store", store] if store else [])
     env = {**os.environ, "CHUNKYARD_INDEX_BATCH": "4"}
@@ -390,13 +396,13 @@ def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tal
 
 
 def test_index_into_sqlite_killed_at_random_moments(tmp_path: Path) -> None:
-    tally = index_phase(tmp_path, None, "sqlite", kills(25))
+    tally = index_phase(tmp_path, None, "sqlite", kills(20))
     report(tally)
-    assert tally.landed == kills(25)
+    assert tally.landed == kills(20)
 
 
 def test_index_into_lancedb_killed_at_random_moments(tmp_path: Path) -> None:
     pytest.importorskip("lancedb", reason="the lancedb extra: pip install -e '.[lancedb]'")
-    tally = index_phase(tmp_path, f"lancedb:{tmp_path / 'lance'}", "lancedb", kills(25))
+    tally = index_phase(tmp_path, f"lancedb:{tmp_path / 'lance'}", "lancedb", kills(20))
     report(tally)
-    assert tally.landed == kills(25)
+    assert tally.landed == kills(20)
