@@ -146,8 +146,9 @@ def require(name: str, default_name: str, *, where: str, hint: str) -> Analysis:
 
 def embedder_for(choice: Choice) -> tuple[str, str]:
     """The embedder spec a new index takes when no ``--embedder`` is given, and why. Always the
-    default: the multilingual model (``--embedder e5``) is an option, not the CJK default, until
-    the bench shows it ranks better there (docs/benchmarks.md); a CJK corpus is told so."""
+    default: the multilingual model (``--embedder e5``) ranks Chinese far better by itself, but it
+    costs several times the indexing CPU and has not been measured on the gold set that chooses
+    the CJK defaults (docs/benchmarks.md), so it stays an option; a CJK corpus is told so."""
     from pipeline.index import embed_e5
 
     if not choice.cjk:
@@ -155,7 +156,8 @@ def embedder_for(choice: Choice) -> tuple[str, str]:
     extra = "" if embed_e5.available() else f" ({embed_e5.INSTALL_HINT})"
     return "default", (
         f"the default, an English model, for a corpus in Chinese, Japanese or Korean ({choice.reason}); "
-        f"its hybrid search leans on BM25; --embedder e5 for the multilingual model{extra}"
+        f"its hybrid search leans on BM25 (dense weight {CJK_DENSE}); --embedder e5 for the multilingual "
+        f"model, better on CJK text but slower to index{extra}"
     )
 
 
