@@ -359,6 +359,8 @@ def main() -> None:
             print(f"{corpus}: skipped (no corpus at {root} or no gold set at {gold_path})", file=sys.stderr)
             continue
         max_bytes = args.max_bytes or MAX_BYTES.get(corpus, 1_600_000)
+        # a run over another cut is another corpus to the summary (``retrieval_summary`` merges by name)
+        label = corpus if max_bytes == MAX_BYTES.get(corpus, 1_600_000) else f"{corpus}@{max_bytes // 1000}k"
         root = bench_corpus(root, gold_path, max_bytes, RESULTS / "corpora")
         gold = load_gold(gold_path, root)
         started = time.perf_counter()
@@ -385,7 +387,7 @@ def main() -> None:
         print(text)
         report.append(text)
         (RESULTS / f"retrieval-{corpus}{args.tag}.json").write_text(json.dumps({
-            "corpus": corpus, "questions": len(gold), "seconds": round(time.perf_counter() - started, 1),
+            "corpus": label, "questions": len(gold), "seconds": round(time.perf_counter() - started, 1),
             "retriever": "MemoryRetriever (BM25 k1=1.2 b=0.75" + (", dense, RRF k=60)" if embed else ")"),
             "embedder": getattr(embed, "name", None), "analyzer": analyzer.__name__,
             "chunks": stats, "offset_recovery": recovery,
