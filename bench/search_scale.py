@@ -21,7 +21,9 @@
    it takes seconds a query); the searcher's RSS; ANN recall@10 against exact dense search;
    each gold set's nDCG@10 in the haystack (scale and exact) and in its corpus alone.
 
-``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
+``--only build|scale|exact|edit`` runs one phase per size (``--keep``: the results so far
+are kept in ``DIR/result-<size>.json``), so a million is built under ``nice`` and measured in
+locked runs of a few minutes. ``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
 re-uses each store whose size and seed match.
 """
 
@@ -56,6 +58,8 @@ DEFAULT_MAX_BYTES = 1_600_000
 MODES = ("bm25", "dense", "hybrid")
 NOISE = 0.02  #: per-dimension standard deviation of a copy's noise (unit vectors of 384 dims)
 CHANGED_WORDS = 3
+NOISE_BATCH = 10_000
+STORE_BATCH = 50_000  #: rows per store transaction while the haystack is built
 
 
 def log(msg: str) -> None:
@@ -143,10 +147,17 @@ def copies(originals: Sequence[Any], vectors: Any, count: int, seed: int) -> Ite
 
     import numpy as np
 
+    from pipeline.index.rows import digest_text
+
     rng = random.Random(seed)
     noise = np.random.default_rng(seed)
     vocab = vocabulary(originals)
+    perturbed = np.empty((0, vectors.shape[1] if count else 0), dtype=np.float32)
     for n in range(count):
+        if n % NOISE_BATCH == 0:  # the noise of a batch of copies at once (one numpy call, not one a row)
+            rows = np.arange(n, min(count, n + NOISE_BATCH)) % len(originals)
+            perturbed = vectors[rows] + noise.normal(0.0, NOISE, (len(rows), vectors.shape[1])).astype(np.float32)
+            perturbed /= np.linalg.norm(perturbed, axis=1, keepdims=True)
         i = n % len(originals)
         row = originals[i]
         words = row.embed_text.split(" ")
@@ -156,10 +167,7 @@ def copies(originals: Sequence[Any], vectors: Any, count: int, seed: int) -> Ite
         text = " ".join(words)
         copy_no = n // len(originals) + 1
         cid = f"haystack/c{copy_no:04d}/{row.chunk_id}"
-        vector = vectors[i] + noise.normal(0.0, NOISE, vectors.shape[1]).astype(np.float32)
-        vector /= np.linalg.norm(vector)
-        from pipeline.index.rows import digest_text
-
+        vector = perturbed[n % NOISE_BATCH]
         yield (
             dataclasses.replace(
                 row,
@@ -199,7 +207,7 @@ def build_store(
     done = 0
     for pair in copies(originals, vectors, max(0, size - len(gold)), seed):
         batch.append(pair)
-        if len(batch) >= 20_000:
+        if len(batch) >= STORE_BATCH:
             generation += 1
             store.commit(batch, (), {**meta, "generation": str(generation), "chunks": str(done + len(batch))},
                          model=model)
@@ -238,6 +246,7 @@ def build_scale(path: Path) -> dict[str, float]:
         ann.HnswIndex(path, int(meta["dim"])).remove()
         sync.settle(meta)
         taken["scale_build_s"] = round(time.perf_counter() - started, 1)
+        taken |= {f"{name}_s": round(s, 1) for name, s in sync.seconds.items()}
         log(f"scale indexes built in {taken['scale_build_s']} s")
     folder = bm25_tantivy.folder_for(path)
     taken["tantivy_mb"] = round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6, 1)
@@ -258,6 +267,10 @@ def probe(spec_path: Path) -> None:
     embed = CachedEmbed(make_embedder("default"), Path(spec["cache"]), quiet=True)
     questions: list[str] = spec["questions"]
     embed(questions)  # the query vectors come from the cache: the timing is the search's
+    if spec.get("ef"):  # --ef: the graph's search breadth for this probe (ann.EXPANSION_SEARCH)
+        from pipeline.index import ann
+
+        ann.EXPANSION_SEARCH = int(spec["ef"])
     ask = Searcher(Path(spec["out"]), f"sqlite:{spec['store']}", embed, expand_tokens=0)
     if not spec["scale"] and ask._scale is not None:
         ask._scale.close()
@@ -279,25 +292,29 @@ def probe(spec_path: Path) -> None:
                                  "max_ms": round(times[-1], 1), "queries": len(times)}
         result["runs"][mode] = runs
     result["rss_mb"] = round(_rss_mb(), 1)
+    result["rss_anon_mb"] = round(_rss_mb("RssAnon"), 1)
+    result["rss_file_mb"] = round(_rss_mb("RssFile"), 1)
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     ask.close()
     print(json.dumps(result))
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS") -> float:
+    """The process's resident memory (``RssAnon``: its own; ``RssFile``: mapped file pages, which
+    the kernel may drop and read again)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 
 
 def run_probe(scratch: Path, out: Path, store: Path, questions: list[str], modes: Sequence[str],
-              scale: bool) -> dict[str, Any]:
+              scale: bool, ef: int = 0) -> dict[str, Any]:
     import subprocess
 
-    spec = scratch / "probe.json"
+    spec = scratch / f"probe-{os.getpid()}.json"  # a probe of its own: phases may run side by side
     spec.write_text(json.dumps({"cache": str(scratch / "embed-cache.sqlite"), "out": str(out), "store": str(store),
-                                "questions": questions, "modes": list(modes), "scale": scale}))
+                                "questions": questions, "modes": list(modes), "scale": scale, "ef": ef}))
     done = subprocess.run([sys.executable, __file__, "--probe", str(spec)], capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:
@@ -327,39 +344,65 @@ def measure_size(
     scratch: Path, corpora: dict[str, tuple[Path, Path]], gold: list[tuple[Any, Any]], originals: list[Any],
     vectors: Any, size: int, args: argparse.Namespace,
 ) -> dict[str, Any]:
-    from embed_cache import CachedEmbed  # noqa: F401  (the probe's)
-
+    """One size, every phase, or only ``args.only``'s (``--keep``: each phase's result is kept in
+    ``result-<size>.json`` and the probes' rankings beside it, so a 1M run can be split into
+    locked measurements of a few minutes and unlocked builds)."""
     from pipeline.evaluate.gold import load_gold
     from pipeline.index.embedders import make_embedder
     from pipeline.index.identity import embedder_config
 
+    phases = [args.only] if args.only else ["build", "scale", "exact", "edit"]
     config = embedder_config(make_embedder("default"))
     store = scratch / f"store-{size}" / "index.sqlite"
     store.parent.mkdir(parents=True, exist_ok=True)
     out = next(iter(corpora.values()))[1]
-    row: dict[str, Any] = {"size": size, "load_before": os.getloadavg()}
-    row["store_build_s"] = round(build_store(store, gold, originals, vectors, size, args.seed, config), 1)
-    row |= build_scale(store)
+    kept = scratch / f"result-{size}.json"
+    row: dict[str, Any] = json.loads(kept.read_text()) if kept.exists() and args.only else {"size": size}
+    row[f"load_before_{'+'.join(phases)}"] = os.getloadavg()
+    if "build" in phases:
+        row["store_build_s"] = round(build_store(store, gold, originals, vectors, size, args.seed, config), 1)
+        row |= build_scale(store)
     sets = {name: load_gold(GOLD / GOLD_SETS[name], part) for name, (part, _) in corpora.items()}
     every = [json.loads(line)["question"] for g in sorted(GOLD.glob("*.jsonl"))
              for line in g.read_text().splitlines() if line.strip()]
     questions = every[: args.queries] if args.queries else every
     asked = list(dict.fromkeys(questions + [q.question for qs in sets.values() for q in qs]))
-    log(f"{size}: probing with the scale indexes ({len(asked)} questions)")
-    scaled = run_probe(scratch, out, store, asked, MODES, True)
-    row["scale"] = {**scaled["modes"], "rss_mb": scaled["rss_mb"], "peak_rss_mb": scaled["peak_rss_mb"]}
-    exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
-    log(f"{size}: probing the exact path ({len(exact_questions)} questions)")
-    exact = run_probe(scratch, out, store, exact_questions, MODES, False)
-    row["exact"] = {**exact["modes"], "rss_mb": exact["rss_mb"], "peak_rss_mb": exact["peak_rss_mb"]}
-    row["ann_recall@10"] = recall_at_10(scaled["runs"]["dense"], exact["runs"]["dense"])
-    row["ndcg@10"] = {
-        name: {mode: {"scale": ndcg(scaled["runs"][mode], qs), "exact": ndcg(exact["runs"][mode], qs)}
-               for mode in MODES}
-        for name, qs in sets.items()
-    }
-    row["edit"] = edit_cost(store, gold)
-    row["load_after"] = os.getloadavg()
+    runs_of = {side: scratch / f"runs-{size}-{side}.json" for side in ("scale", "exact")}
+    if "scale" in phases:
+        log(f"{size}: probing with the scale indexes, {' '.join(args.modes)} ({len(asked)} questions)")
+        scaled = run_probe(scratch, out, store, asked, args.modes, True, args.ef)
+        if args.ef:
+            row["scale"] = row.get("scale", {}) | {"ef": args.ef}
+        memory = {k: v for k, v in scaled.items() if k.endswith("_mb")}
+        row.setdefault("scale", {}).update(scaled["modes"])
+        row["scale"]["memory"] = {**row["scale"].get("memory", {}), "+".join(args.modes): memory}
+        found = json.loads(runs_of["scale"].read_text()) if runs_of["scale"].exists() and args.only else {}
+        runs_of["scale"].write_text(json.dumps({**found, **scaled["runs"]}))
+    if "exact" in phases:
+        exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
+        found = json.loads(runs_of["exact"].read_text()) if runs_of["exact"].exists() and args.only else {}
+        for mode in args.modes:
+            log(f"{size}: probing the exact path, {mode} ({len(exact_questions)} questions)")
+            exact = run_probe(scratch, out, store, exact_questions, [mode], False)
+            row.setdefault("exact", {})[mode] = exact["modes"][mode]
+            row["exact"][f"rss_mb_{mode}"] = exact["rss_mb"]
+            found[mode] = exact["runs"][mode]
+            runs_of["exact"].write_text(json.dumps(found))
+    if all(p.exists() for p in runs_of.values()):
+        scaled_runs, exact_runs = (json.loads(p.read_text()) for p in (runs_of["scale"], runs_of["exact"]))
+        if "dense" in exact_runs and "dense" in scaled_runs:
+            row["ann_recall@10"] = recall_at_10(scaled_runs["dense"], exact_runs["dense"])
+        row["ndcg@10"] = {
+            name: {mode: {"scale": ndcg(scaled_runs[mode], qs), "exact": ndcg(exact_runs[mode], qs)}
+                   for mode in MODES if mode in exact_runs and mode in scaled_runs}
+            for name, qs in sets.items()
+        }
+    if "edit" in phases:
+        row["edit"] = edit_cost(store, gold)
+    row[f"load_after_{'+'.join(phases)}"] = os.getloadavg()
+    if kept.exists() and args.only:  # another phase may have finished meanwhile: keep its results
+        row = {**json.loads(kept.read_text()), **row}
+    kept.write_text(json.dumps(row, indent=2))
     log(json.dumps(row))
     return row
 
@@ -403,7 +446,27 @@ def edit_cost(store: Path, gold: list[tuple[Any, Any]]) -> dict[str, float]:
         assert not sync.rebuilt, sync.rebuilt
         taken[f"{name}_store_s"] = round(committed - started, 3)
         taken[f"{name}_scale_s"] = round(done - committed, 3)
+        taken |= {f"{name}_{index}_s": round(s, 3) for index, s in sync.seconds.items()}
+        if name == "edit":  # a new searcher finds the edited chunks through both scale indexes
+            taken["edit_searchable_s"] = round(_found(store, edited) - started, 3)
     return taken
+
+
+def _found(store: Path, edited: list[tuple[Any, Any]]) -> float:
+    """When a new ``ScaleSearch`` (current, not stale) finds the edit: BM25 on the appended
+    word returns the edited chunks, dense search on an edited vector returns its chunk first."""
+    from pipeline.index.scale import ScaleSearch
+
+    search = ScaleSearch(store, len(edited[0][1]))
+    try:
+        lexical = search.lexical(["zanzibarian"], len(edited)) or []
+        dense = search.dense(edited[0][1], 1) or []
+        assert not search.stale, search.stale
+        assert {c for c, _ in lexical} == {r.chunk_id for r, _ in edited}, lexical
+        assert dense and dense[0][0] == edited[0][0].chunk_id, dense
+        return time.perf_counter()
+    finally:
+        search.close()
 
 
 def gold_alone(scratch: Path, corpora: dict[str, tuple[Path, Path]], gold: list[tuple[Any, Any]]) -> dict[str, Any]:
@@ -493,6 +556,11 @@ def main() -> None:
     parser.add_argument("--exact-max", type=int, default=200_000, help="largest size the exact path is timed at")
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--prepare-only", action="store_true", help="chunk and embed, then stop")
+    parser.add_argument("--only", choices=["build", "scale", "exact", "edit"],
+                        help="one phase per size (the others' results kept in DIR/result-<size>.json)")
+    parser.add_argument("--ef", type=int, default=0, help="the HNSW search's breadth (0: ann.EXPANSION_SEARCH)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
+                        help="the modes probed (--only scale / exact)")
     parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--bm25-gold", action="store_true",
                         help="only: each gold set's BM25 nDCG@10 alone, FTS5 against Tantivy (no embedding)")
@@ -509,7 +577,7 @@ def main() -> None:
         corpora, gold, originals, vectors = prepare(scratch, args.distinct, args.gold)
         if args.prepare_only:
             return
-        alone = gold_alone(scratch, corpora, gold)
+        alone = gold_alone(scratch, corpora, gold) if args.only in (None, "exact") else {}
         log(f"gold sets alone: {alone}")
         results = [measure_size(scratch, corpora, gold, originals, vectors, size, args) for size in args.sizes]
         print(json.dumps({"load": os.getloadavg(), "gold_alone_ndcg@10": alone, "sizes": results}, indent=2))

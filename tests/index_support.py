@@ -20,6 +20,17 @@ def copy_sample(dest: Path) -> Path:
     return dest
 
 
+#: The sample's two long documents (61 of its 107 chunks).
+LONG_SAMPLE_DOCS = ("deep-dive.md", "configuration.md")
+
+
+def copy_short_sample(dest: Path) -> Path:
+    """The sample but for its two long documents: seven documents, ~46 chunks, for a test that
+    embeds the corpus more than once and needs no long section."""
+    shutil.copytree(SAMPLE, dest, ignore=shutil.ignore_patterns(*LONG_SAMPLE_DOCS))
+    return dest
+
+
 def fresh_copy(template: Path, dest: Path) -> tuple[Path, Path]:
     """A copy of an indexed (corpus, chunks) pair: the index travels inside the chunk folder."""
     shutil.copytree(template, dest, symlinks=True)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -161,26 +159,6 @@ def test_the_api_is_documented_and_typed() -> None:
             assert obj.__doc__ and "Args:" in obj.__doc__, name
     with pytest.raises(AttributeError):
         pipeline.no_such_name  # noqa: B018
-
-
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
-DOC = ROOT / "docs" / "api.md"
-
-
-def test_every_python_block_of_docs_api_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("langchain_core")
-    pytest.importorskip("llama_index.core")
-    blocks = BLOCK.findall(DOC.read_text(encoding="utf-8"))
-    assert len(blocks) >= 3
-    shutil.copytree(SAMPLE, tmp_path / "corpus")
-    monkeypatch.chdir(tmp_path)
-    for i, block in enumerate(blocks):
-        try:
-            exec(compile(block, f"{DOC.name}#block{i + 1}", "exec"), {"__name__": f"docs_block_{i}"})  # noqa: S102
-        except Exception as exc:  # name the block: the traceback alone points into exec
-            raise AssertionError(f"docs/api.md, Python block {i + 1} fails: {exc!r}") from exc
-    assert (tmp_path / "chunks-langchain.cursor.json").is_file()
-    assert (tmp_path / "chunks-llamaindex.cursor.json").is_file()
 
 
 def test_policy_is_the_models_policy() -> None:

@@ -12,7 +12,7 @@ import string
 from pathlib import Path
 
 import pytest
-from index_support import copy_sample, run_ingest
+from index_support import copy_short_sample, run_ingest
 
 from pipeline.index import analyzer as chars
 from pipeline.index import cjk
@@ -111,9 +111,7 @@ def test_lang_on_an_existing_index_must_agree(zh: tuple[Path, Path], tmp_path: P
 
 
 def test_an_english_corpus_keeps_the_default_analyzer_and_its_index_hash(tmp_path: Path) -> None:
-    corpus = copy_sample(tmp_path / "corpus")
-    for long_doc in ("guides/deep-dive.md", "reference/configuration.md"):  # two indexes to embed
-        (corpus / long_doc).unlink()
+    corpus = copy_short_sample(tmp_path / "corpus")  # two indexes to embed
     auto, en = tmp_path / "auto", tmp_path / "en"
     run_ingest(corpus, auto)
     run_ingest(corpus, en)

@@ -97,7 +97,9 @@ def run_one(words: list[str], sandbox: Path, absent: list[tuple[str, str]] | Non
             if absent is None:
                 require("sysctl", "sysctl is not installed here (procps)")
             else:
-                absent.append(("sysctl", f"sysctl is not installed here (procps): {shlex.join(words)} not run"))
+                absent.append(
+                    ("sysctl", f"sysctl is not installed here (procps): {shlex.join(words)} not run")
+                )
             return
         require("sysctl", None)
         subprocess.run(words, check=True, capture_output=True)
@@ -147,5 +149,14 @@ def test_every_python_example_runs(page: Path, tmp_path: Path, monkeypatch: pyte
         pytest.skip(f"{page.name} shows no Python")
     shutil.copytree(ROOT / "corpus", tmp_path / "corpus")
     monkeypatch.chdir(tmp_path)
-    for source in examples:
-        exec(compile(source, f"{page.name} example", "exec"), {"__name__": "docs_example"})  # noqa: S102
+    for i, source in enumerate(examples):
+        try:
+            exec(compile(source, f"{page.name} example {i + 1}", "exec"), {"__name__": "docs_example"})  # noqa: S102
+        except Exception as exc:  # name the example: the traceback alone points into exec
+            raise AssertionError(f"docs/{page.name}, Python example {i + 1} fails: {exc!r}") from exc
+    for name in LEFT_BEHIND.get(page.name, ()):
+        assert (tmp_path / name).is_file(), f"docs/{page.name}'s examples should leave {name}"
+
+
+#: What a page's Python examples leave in the folder they run in (the adapters' sync cursors).
+LEFT_BEHIND = {"api.md": ("chunks-langchain.cursor.json", "chunks-llamaindex.cursor.json")}

@@ -41,7 +41,9 @@ from pipeline.run.ingest import Options, ingest
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 pytest.importorskip("sqlite_vec", reason="the index extra is not installed (pip install -e '.[index]')")
 
-pytestmark = pytest.mark.corpora
+#: A two-node cluster embedding ~100 chunks twice over: minutes on a loaded machine, past the
+#: suite's per-test limit (a guard against hangs, not a speed goal).
+pytestmark = [pytest.mark.corpora, pytest.mark.slow, pytest.mark.timeout(900)]
 
 GOLD = Path(__file__).resolve().parents[1] / "bench" / "gold" / "rust-book.jsonl"
 #: rust-book's first two chapters (~100 chunks): enough batches to kill a node between two of them.

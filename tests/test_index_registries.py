@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("sqlite_vec")
 
-from index_support import copy_sample, run_ingest, store_state
+from index_support import copy_short_sample, run_ingest, store_state
 
 from pipeline.errors import UsageError
 from pipeline.index import index
@@ -96,7 +96,7 @@ class ReversedExecutor:
 def test_an_executor_yielding_out_of_order_builds_the_same_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    corpus = copy_sample(tmp_path / "corpus")
+    corpus = copy_short_sample(tmp_path / "corpus")
     monkeypatch.setenv("CHUNKYARD_INDEX_BATCH", "8")  # several batches
     outs = []
     for name, executor in (("local", None), ("reversed", ReversedExecutor())):

@@ -40,7 +40,7 @@ from pipeline.run.ingest import Options, ingest
 
 # ray and the namespaces are required parts: each test goes through skip_without_namespaces
 # (conftest.require), which skips without them, or fails under CI.
-pytestmark = [pytest.mark.corpora, pytest.mark.slow]
+pytestmark = [pytest.mark.corpora, pytest.mark.slow, pytest.mark.timeout(900)]  # clusters start slowly under load
 
 #: Manifest fields that must not depend on the executor: all but the run's own stamps.
 VOLATILE_FEED = ("ts", "trace_id")

@@ -27,7 +27,7 @@ import usearch  # noqa: F401
 from index_support import copy_sample, fresh_copy, run_ingest
 
 from pipeline.errors import UsageError
-from pipeline.index import Searcher, ann, bm25_tantivy, index
+from pipeline.index import Searcher, ann, ann_journal, bm25_tantivy, index
 from pipeline.index.analyzer import query_terms
 from pipeline.index.fts_tokens import Fts5Tokens
 from pipeline.index.scale import SCALE_ENV
@@ -230,7 +230,8 @@ def test_an_edit_reaches_both_indexes_without_a_rebuild_and_equals_a_fresh_build
     lexical.close()
     assert len(hits) == 1
     state = ann.HnswIndex(store, 384).state()
-    assert state["generation"] == generation and state["file"] != hnsw_before
+    # the graph file stays; the edit went to its journal
+    assert state["generation"] == generation and state["file"] == hnsw_before and state["journal_bytes"] > 0
     with Searcher(out, expand_tokens=0) as ask:
         top = ask.record("zanzibarian quokkas", 1, "bm25")["items"][0]
         assert "quokkas" in top["text"]
@@ -353,3 +354,92 @@ def test_index_warns_past_the_measured_range(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(SCALE_ENV, "sometimes")
     with pytest.raises(UsageError, match="CHUNKYARD_SCALE"):
         wanted(1)
+
+
+def _stored_keys(store: Path) -> set[int]:
+    reader = StoreReader(store)
+    try:
+        keys, _ = reader.vectors(384)
+    finally:
+        reader.close()
+    return {int(k) for k in keys}
+
+
+def _edit(corpus: Path, out: Path, text: str) -> None:
+    doc = corpus / "getting-started.md"
+    doc.write_text(doc.read_text() + f"\n\n{text}\n")
+    run_ingest(corpus, out)
+    report = index(out)
+    assert report.added + report.updated >= 1
+
+
+def test_edits_go_to_the_graphs_journal_and_a_compaction_folds_them_in(
+    fresh: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edit appends to the journal (the graph file is not written again: same inode, same
+    bytes); the graph plus its journal hold exactly the store's rows, as a fresh build does, and
+    find the edited chunk; past ``JOURNAL_MAX_KEYS`` a run compacts into a new file."""
+    corpus, out = fresh
+    store = _store(out)
+    graph = ann.HnswIndex(store, 384)
+    before = graph.state()
+    base = store.parent / before["file"]
+    inode, mtime = base.stat().st_ino, base.stat().st_mtime_ns
+    _edit(corpus, out, "A zanzibarian paragraph about quokkas and chunk overlap.")
+    _edit(corpus, out, "Then a second paragraph about wombats.")
+    state = graph.state()
+    assert state["file"] == before["file"] and state["journal_keys"] >= 4
+    assert (base.stat().st_ino, base.stat().st_mtime_ns) == (inode, mtime)
+    assert graph.keys() == _stored_keys(store)
+    with Searcher(out, expand_tokens=0) as ask:
+        assert ask._scale is not None
+        vector = ask.embedder.embed(["a paragraph about wombats"])[0]
+        top = ask._scale.dense(vector, 3)
+        assert top and not ask._scale.stale
+        db = open_store(out)
+        try:
+            assert top[0] == db.dense(vector, 1)[0]  # the edited chunk, found through the journal
+        finally:
+            db.close()
+    journalled = _rankings(out)
+    # a fresh build of the same rows: the same keys, and as much of exact search found
+    ann.HnswIndex(store, 384).remove()
+    index(out)
+    assert ann.HnswIndex(store, 384).keys() == _stored_keys(store)
+    fresh_dense = _rankings(out)[1]
+    for found in (journalled[1], fresh_dense):
+        assert sum(map(len, found)) >= 0.9 * 10 * len(QUESTIONS), found
+    # past the journal's size a run compacts: a new graph file, an empty journal, the same keys
+    monkeypatch.setattr(ann, "JOURNAL_MAX_KEYS", 0)
+    kept = ann.HnswIndex(store, 384).state()["file"]
+    _edit(corpus, out, "A third paragraph, about numbats.")
+    state = ann.HnswIndex(store, 384).state()
+    assert state["file"] != kept and state["journal_bytes"] == 0
+    assert not (store.parent / kept).exists()
+    assert ann.HnswIndex(store, 384).keys() == _stored_keys(store)
+
+
+def test_a_killed_journal_append_leaves_the_previous_index_and_is_cut_by_the_next_run(
+    fresh: tuple[Path, Path],
+) -> None:
+    """What a run killed between its journal append and its state leaves (bytes past the valid
+    length): readers ignore them and answer as before, and the next run cuts them off."""
+    corpus, out = fresh
+    store = _store(out)
+    _edit(corpus, out, "A zanzibarian paragraph about quokkas.")
+    graph = ann.HnswIndex(store, 384)
+    state = graph.state()
+    journal = store.parent / state["journal"]
+    with Searcher(out, expand_tokens=0) as ask:
+        vector = ask.embedder.embed(["quokkas"])[0]
+        assert ask._scale is not None
+        before = ask._scale.dense(vector, 10)
+    with open(journal, "ab") as fh:  # half a block, as a SIGKILL during the append leaves it
+        fh.write(ann_journal.MAGIC + bytes(5))
+    with Searcher(out, expand_tokens=0) as ask:
+        assert ask._scale is not None
+        assert ask._scale.dense(vector, 10) == before and not ask._scale.stale
+    _edit(corpus, out, "Then a paragraph about wombats.")
+    state = ann.HnswIndex(store, 384).state()
+    assert journal.stat().st_size == state["journal_bytes"]
+    assert ann.HnswIndex(store, 384).keys() == _stored_keys(store)

@@ -10,14 +10,19 @@ store stays the truth, and this index is derived from it:
   vectors and vec0's own cosine, so the scores (and the order of what is found) equal
   exact search's; only what is *not* found differs (recall, measured in
   ``docs/benchmarks.md``).
-- **Updates** follow the feed: a run removes the keys of the rows it replaced or deleted
-  and adds the new ones (no rebuild), then writes the graph to a new file
-  (``<store>.hnsw-<generation>``), syncs it, and only then replaces ``<store>.hnsw.json``
-  (the state: which file, which store generation) in one rename. A reader uses the graph
-  only when that generation equals the store's; a SIGKILL anywhere leaves the state
-  naming a whole file, at worst an older one, which readers then ignore (the exact path
-  answers) and the next ``chunkyard index`` rebuilds from the store.
-- **Readers** map the file (``view``): pages are read as the search touches them.
+- **Updates** follow the feed without rewriting the graph: a run's removed keys (the rows it
+  replaced or deleted) and added vectors are appended to the graph's journal
+  (``pipeline.index.ann_journal``), synced, and only then is ``<store>.hnsw.json`` (the
+  state: which graph file, how many journal bytes are valid, which store generation)
+  replaced in one rename. Past ``JOURNAL_MAX_KEYS`` journalled keys a run compacts: the
+  graph is loaded, the journal and the run applied to it, and it is saved to a new file
+  (``<store>.hnsw-<generation>``, synced) named by the next state. A reader uses the graph
+  only when the state's generation equals the store's; a SIGKILL anywhere leaves the state
+  naming a whole graph and a whole journal prefix, at worst an older generation, which
+  readers then ignore (the exact path answers) and the next ``chunkyard index`` rebuilds.
+- **Readers** map the file (``view``): pages are read as the search touches them. The
+  journal's removed keys hide their nodes (the graph is asked for that many more
+  candidates) and its added vectors are scored exactly beside the graph's candidates.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import numpy as np
 import orjson
 
 from pipeline.errors import UsageError
+from pipeline.index import ann_journal
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -38,11 +44,14 @@ if TYPE_CHECKING:
 STATE_SUFFIX = ".hnsw.json"
 CONNECTIVITY = 16  #: edges per node (usearch's M)
 EXPANSION_ADD = 128  #: candidate list while inserting (efConstruction)
-EXPANSION_SEARCH = 512  #: candidate list while searching (ef): recall against latency (docs/benchmarks.md)
+EXPANSION_SEARCH = 4096  #: candidate list while searching (ef): recall against latency (docs/benchmarks.md)
 DTYPE = "i8"
 #: Keys removed since the last build, as a share of the graph, past which a run rebuilds it
 #: (removed nodes stay in the graph as tombstones that searches step over).
 REBUILD_RATIO = 0.1
+#: Keys journalled since the graph was saved (removed plus added) past which a run compacts:
+#: a reader hides and scores that many beside the graph, a compaction rewrites the file.
+JOURNAL_MAX_KEYS = 4096
 
 
 def _usearch() -> Any:
@@ -66,6 +75,8 @@ class HnswIndex:
         self._usearch = _usearch()
         self._view: Any = None
         self._view_file: str | None = None
+        self._delta: ann_journal.Delta | None = None
+        self._delta_at: tuple[str, int] | None = None
 
     # --- state ----------------------------------------------------------------------------
 
@@ -76,6 +87,13 @@ class HnswIndex:
             return {}
         if not isinstance(data, dict) or not (self.store_path.parent / str(data.get("file", ""))).is_file():
             return {}
+        if data.get("journal"):  # its valid bytes must all be there (the file may hold more)
+            try:
+                size = (self.store_path.parent / str(data["journal"])).stat().st_size
+            except OSError:
+                return {}
+            if size < int(data.get("journal_bytes", 0)):
+                return {}
         return data
 
     def worn(self) -> bool:
@@ -100,8 +118,20 @@ class HnswIndex:
 
     # --- reading --------------------------------------------------------------------------
 
+    def _journal(self, state: dict[str, Any]) -> ann_journal.Delta:
+        """The state's journal replayed (kept while the state names the same bytes)."""
+        name, valid = str(state.get("journal", "")), int(state.get("journal_bytes", 0))
+        if self._delta is None or self._delta_at != (name, valid):
+            path = self.store_path.parent / name
+            self._delta = (
+                ann_journal.Delta.read(path, valid, self.dim) if name else ann_journal.Delta(self.dim)
+            )
+            self._delta_at = (name, valid)
+        return self._delta
+
     def search(self, vector: npt.NDArray[np.float32], k: int) -> list[int]:
-        """The keys (rowids) of about the ``k`` nearest vectors, nearest first."""
+        """The keys (rowids) of about the ``k`` nearest vectors (the graph's and the journal's
+        candidates: up to ``2 k``), nearest first by their (int8 or exact) distance."""
         state = self.state()
         if not state or k <= 0:
             return []
@@ -109,10 +139,29 @@ class HnswIndex:
             self._view = self._usearch.Index.restore(str(self.store_path.parent / state["file"]), view=True)
             self._view.expansion_search = max(EXPANSION_SEARCH, k)
             self._view_file = state["file"]
-        if len(self._view) == 0:
-            return []
-        found = self._view.search(np.asarray(vector, dtype=np.float32), min(k, len(self._view)))
-        return [int(key) for key in found.keys]
+        delta = self._journal(state)
+        query = np.asarray(vector, dtype=np.float32)
+        found = delta.nearest(query, k)
+        if len(self._view):
+            # every hidden node could rank above the live ones: ask for that many more
+            count = min(k + len(delta.hidden), len(self._view))
+            matches = self._view.search(query, count)
+            live = [
+                (int(key), float(d))
+                for key, d in zip(matches.keys, matches.distances, strict=True)
+                if int(key) not in delta.hidden
+            ]
+            found += live[:k]
+        return [key for key, _ in sorted(found, key=lambda hit: hit[1])]
+
+    def keys(self) -> set[int]:
+        """Every live key: the graph's, less those the journal hides, plus those it adds."""
+        state = self.state()
+        if not state:
+            return set()
+        graph = self._usearch.Index.restore(str(self.store_path.parent / state["file"]), view=True)
+        delta = self._journal(state)
+        return ({int(key) for key in graph.keys} - delta.hidden) | set(delta.added)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -122,36 +171,63 @@ class HnswIndex:
         added: tuple[npt.NDArray[np.uint64], npt.NDArray[np.float32]],
         generation: str,
     ) -> None:
-        """Remove the keys ``removed``, add ``added`` (keys, vectors), write the next file."""
+        """Remove the keys ``removed``, add ``added`` (keys, vectors): appended to the journal,
+        or, past ``JOURNAL_MAX_KEYS``, the graph compacted into the next file."""
         state = self.state()
+        gone = np.fromiter((int(k) for k in removed), dtype=np.uint64)
+        keys, vectors = added
+        vectors = np.asarray(vectors, dtype=np.float32).reshape(len(keys), self.dim)
+        journalled = int(state.get("journal_keys", 0)) + len(gone) + len(keys)
+        dropped = int(state.get("removed", 0)) + len(gone)
+        if journalled > JOURNAL_MAX_KEYS:
+            self._compact(state, gone, keys, vectors, generation, dropped)
+            return
+        name = str(state.get("journal") or state["file"] + ".journal")
+        valid = ann_journal.append(
+            self.store_path.parent / name, int(state.get("journal_bytes", 0)), gone, keys, vectors
+        )
+        self._write_state(
+            {**state, "generation": generation, "removed": dropped, "journal": name,
+             "journal_bytes": valid, "journal_keys": journalled}
+        )  # fmt: skip
+
+    def _compact(
+        self,
+        state: dict[str, Any],
+        gone: npt.NDArray[np.uint64],
+        keys: npt.NDArray[np.uint64],
+        vectors: npt.NDArray[np.float32],
+        generation: str,
+        dropped: int,
+    ) -> None:
+        """The graph loaded, the journal and this run applied, saved to the next file."""
+        delta = self._journal(state)
+        delta.apply(gone, keys, vectors)
         graph = self._usearch.Index.restore(str(self.store_path.parent / state["file"]))
         graph.expansion_add = EXPANSION_ADD
-        gone = np.fromiter((int(k) for k in removed), dtype=np.uint64)
-        dropped = int(state.get("removed", 0))
-        if len(gone):
-            present = gone[np.asarray(graph.contains(gone), dtype=bool).reshape(-1)]
+        hidden = np.fromiter(delta.hidden, dtype=np.uint64, count=len(delta.hidden))
+        if len(hidden):
+            present = hidden[np.asarray(graph.contains(hidden), dtype=bool).reshape(-1)]
             if len(present):
                 graph.remove(present)
-                dropped += len(present)
-        keys, vectors = added
-        if len(keys):
-            again = keys[np.asarray(graph.contains(keys), dtype=bool).reshape(-1)]
-            if len(again):  # a rowid SQLite gave again (the last row deleted, then an insert)
-                graph.remove(again)
-            graph.add(keys, vectors, threads=1)
+        if delta.added:
+            new_keys = np.fromiter(delta.added, dtype=np.uint64, count=len(delta.added))
+            graph.add(new_keys, np.stack([delta.added[int(k)] for k in new_keys]), threads=0)
         self._publish(graph, generation, removed=dropped)
 
     def rebuild(
         self, keys: npt.NDArray[np.uint64], vectors: npt.NDArray[np.float32], generation: str
     ) -> None:
-        """A new graph of every stored vector (``chunkyard index`` after a stale state)."""
+        """A new graph of every stored vector (``chunkyard index`` after a stale state), added
+        in one batch on every core."""
         graph = self._new()
         if len(keys):
             graph.add(keys, vectors, threads=0)
         self._publish(graph, generation)
 
     def _publish(self, graph: Any, generation: str, removed: int = 0) -> None:
-        old = self.state().get("file")
+        """Save ``graph`` to the generation's file and name it in the state (journal empty)."""
+        old = self.state()
         name = f"{self.store_path.name}.hnsw-{generation.replace(':', '-')}"  # no colon: Windows
         path = self.store_path.parent / name
         tmp = path.with_name(name + ".tmp")
@@ -159,22 +235,23 @@ class HnswIndex:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        state = {
-            "file": name,
-            "generation": generation,
-            "count": len(graph),
-            "dtype": DTYPE,
-            "removed": removed,
-        }
+        (path.parent / (name + ".journal")).unlink(missing_ok=True)  # a killed run's, past no state
+        self._write_state(
+            {"file": name, "generation": generation, "count": len(graph), "dtype": DTYPE, "removed": removed,
+             "journal": "", "journal_bytes": 0, "journal_keys": 0}
+        )  # fmt: skip
+        self._view = None
+        for leftover in (old.get("file"), old.get("journal")):
+            if leftover and leftover != name:
+                (self.store_path.parent / str(leftover)).unlink(missing_ok=True)
+
+    def _write_state(self, state: dict[str, Any]) -> None:
         target = state_path(self.store_path)
         with open(target.with_name(target.name + ".tmp"), "wb") as fh:
             fh.write(orjson.dumps(state))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(target.with_name(target.name + ".tmp"), target)
-        self._view = None
-        if old and old != name:
-            (self.store_path.parent / old).unlink(missing_ok=True)
 
     def remove(self) -> None:
         """Delete the graph and its state."""
@@ -195,3 +272,4 @@ def remove(store_path: Path) -> None:
     target.unlink(missing_ok=True)
     if name:
         (store_path.parent / name).unlink(missing_ok=True)
+        (store_path.parent / (name + ".journal")).unlink(missing_ok=True)

@@ -42,7 +42,9 @@ from pipeline.index.fts_tokens import Fts5Tokens
 
 STATE = "state.json"
 SUFFIX = ".tantivy"  #: the folder beside the store: ``index.sqlite.tantivy``
-WRITER_HEAP = 64_000_000  #: bytes of Tantivy's indexing buffer (one thread)
+WRITER_HEAP = 64_000_000  #: bytes of Tantivy's indexing buffer for a run's changes (one thread)
+#: A rebuild's buffer: larger, so a million rows make a few segments (fewer merges), not dozens.
+REBUILD_HEAP = 512_000_000
 #: Rows deleted (or replaced) since the last build, as a share of the index, past which a
 #: run rebuilds instead of updating (the statistics of deleted documents stop counting).
 REBUILD_RATIO = 0.1
@@ -159,10 +161,10 @@ class TantivyBm25:
 
     # --- writing --------------------------------------------------------------------------
 
-    def _document(self, rowid: int, text: str) -> Any:
+    def _document(self, rowid: int, tokens: list[str]) -> Any:
         doc = self._tantivy.Document()
         doc.add_integer("row", int(rowid))
-        doc.add_text("body", " ".join(self._tokens.document(text)))
+        doc.add_text("body", " ".join(tokens))
         return doc
 
     def apply(
@@ -178,7 +180,7 @@ class TantivyBm25:
                 writer.delete_documents_by_term("row", int(rowid))
                 deleted += 1
             for rowid, text in added:
-                writer.add_document(self._document(rowid, text))
+                writer.add_document(self._document(rowid, self._tokens.document(text)))
             writer.commit()
         except BaseException:
             writer.rollback()
@@ -188,14 +190,15 @@ class TantivyBm25:
         self._index = self._searcher = None
 
     def rebuild(self, rows: Iterable[tuple[int, str]], generation: str, *, chunks: int) -> None:
-        """A new index of ``rows`` (rowid, ``embedText``) in ``<folder>.new``, swapped in when whole."""
+        """A new index of ``rows`` (rowid, the store's FTS5 body: ``embedText`` analyzed) in
+        ``<folder>.new``, swapped in when whole; one commit at the end."""
         fresh = self.folder.with_name(self.folder.name + ".new")
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir(parents=True)
         index = self._tantivy.Index(self._schema, path=str(fresh))
-        writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
-        for rowid, text in rows:
-            writer.add_document(self._document(rowid, text))
+        writer = index.writer(heap_size=REBUILD_HEAP, num_threads=1)
+        for rowid, body in rows:
+            writer.add_document(self._document(rowid, self._tokens.analyzed(body)))
         writer.commit()
         writer.wait_merging_threads()
         write_state(fresh, {"generation": generation, "chunks": chunks, "deleted": 0})

@@ -44,6 +44,11 @@ class Fts5Tokens:
         """The tokens FTS5 indexes for ``text`` (an ``embedText``), analyzer included."""
         return self._tokens(analyze(text), self._apsw.FTS5_TOKENIZE_DOCUMENT)
 
+    def analyzed(self, body: str) -> list[str]:
+        """The tokens FTS5 indexes for ``body``, a text ``analyze`` already ran on (the store's
+        FTS5 column: ``analyze`` is idempotent, so running it again would only cost time)."""
+        return self._tokens(body, self._apsw.FTS5_TOKENIZE_DOCUMENT)
+
     def query(self, term: str) -> list[str]:
         """The tokens of one query term (``analyzer.query_terms``' output): one token for a
         word, several (a phrase, adjacent in that order) for a CJK run or a word FTS5 cuts."""

@@ -28,6 +28,7 @@ from typing import Any, Self
 import blake3
 
 from pipeline.errors import UsageError
+from pipeline.index.analyzer import ANALYZER
 from pipeline.index.expand import DEFAULT_BUDGET, SCOPES
 from pipeline.index.fusion import FUSIONS, MISSING_Z, MODES, RRF_K, Candidate, fuse, score_norm, zscores
 from pipeline.index.identity import check_compatible, rebuild_hint
@@ -35,6 +36,7 @@ from pipeline.index.language import default_analyzer, hybrid_weights, passage_bu
 from pipeline.index.passages import MERGE_DEPTH, Passages
 from pipeline.index.rows import ChunkRow
 from pipeline.index.scale import open_scale_search
+from pipeline.index.substring_guard import substring_ruled_out
 from pipeline.index.vector_store import VectorStore, open_store, store_spec
 from pipeline.index.windows import WINDOW_POOL, window_scorer
 
@@ -261,7 +263,10 @@ class Searcher:
         hits = db.lexical(terms, depth) if scaled is None else scaled
         if hits:
             return hits, False
-        hits = db.substring(" ".join(query.split())[:MAX_NEEDLE], depth)
+        needle = " ".join(query.split())[:MAX_NEEDLE]
+        if db.kind == "sqlite-vec" and db.analyzer == ANALYZER and substring_ruled_out(needle, terms):
+            return [], False  # no chunk can hold it: no scan of every row's text
+        hits = db.substring(needle, depth)
         return hits, bool(hits)
 
     def _pool(self) -> ThreadPoolExecutor:

@@ -22,6 +22,7 @@ stop meeting the latency goal; below it exact search is as fast and exactly righ
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import numpy as np
 from pipeline.errors import UsageError
 from pipeline.index.rows import ChunkRow, Vector
 from pipeline.index.scale_reader import StoreReader, stamp
-from pipeline.index.vector_store import TIE_MARGIN, best_first
+from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 SCALE_ENV = "CHUNKYARD_SCALE"
 MODES = ("auto", "on", "off")
@@ -84,7 +85,7 @@ def wanted(chunks: int) -> tuple[bool, bool]:
 
 #: The largest index each store was measured at (``make bench-search-scale``,
 #: docs/benchmarks.md): past it ``chunkyard index`` warns.
-MEASURED_MAX = {"sqlite-vec+scale": 100_000, "lancedb": 42_354}
+MEASURED_MAX = {"sqlite-vec+scale": 1_000_000, "lancedb": 42_354}
 
 
 def range_warning(kind: str, chunks: int) -> str | None:
@@ -163,6 +164,7 @@ class ScaleSync:
         self.dim = int(dim)
         self.report = report  #: an ``IndexReport``: its ``warnings`` get the range warning
         self.rebuilt: list[str] = []  #: which indexes this run rebuilt
+        self.seconds: dict[str, float] = {}  #: each index's apply or rebuild wall time (for benchmarks)
 
     def before(
         self, upserts: Sequence[tuple[ChunkRow, Vector | None]], deletes: Collection[str]
@@ -231,11 +233,15 @@ class ScaleSync:
                 if current is not None and have == current:
                     pass
                 elif previous is not None and have == previous and not lexical.worn():
+                    started = time.perf_counter()
                     added = [(new[row.chunk_id], row.embed_text) for row, _ in changed if row.chunk_id in new]
                     lexical.apply(old.values(), added, generation, chunks=chunks)
+                    self.seconds["bm25_apply"] = time.perf_counter() - started
                 else:
+                    started = time.perf_counter()
                     lexical.rebuild(reader.texts(), generation, chunks=chunks)
                     self.rebuilt.append("bm25")
+                    self.seconds["bm25_rebuild"] = time.perf_counter() - started
             finally:
                 lexical.close()
         if not use_ann:
@@ -245,15 +251,18 @@ class ScaleSync:
         have = graph.generation()
         if current is not None and have == current:
             return
+        started = time.perf_counter()
         if previous is not None and have == previous and not graph.worn():
             rows = [(new[row.chunk_id], vector) for row, vector in changed if row.chunk_id in new]
             keys = np.asarray([k for k, _ in rows], dtype=np.uint64)
             vectors = np.asarray([v for _, v in rows], dtype=np.float32).reshape(len(rows), self.dim)
             graph.apply(old.values(), (keys, vectors), generation)
+            self.seconds["ann_apply"] = time.perf_counter() - started
         else:
             keys, vectors = reader.vectors(self.dim)
             graph.rebuild(keys, vectors, generation)
             self.rebuilt.append("ann")
+            self.seconds["ann_rebuild"] = time.perf_counter() - started
 
 
 def open_scale_search(kind: str, store_path: Path, dim: int) -> ScaleSearch | None:
@@ -312,7 +321,11 @@ class ScaleSearch:
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]] | None:
         if self._ann is None or not self._current(self._ann.generation(), "ann", self.reader):
             return None
-        keys = self._ann.search(vector, ANN_OVERFETCH * (k + TIE_MARGIN))
+        try:
+            keys = self._ann.search(vector, ANN_OVERFETCH * (k + TIE_MARGIN))
+        except StoreError:  # a journal the state does not describe: the store answers
+            self.stale.add("ann")
+            return None
         return best_first(self.reader.cosine(keys, vector), k)
 
     def warnings(self) -> list[str]:

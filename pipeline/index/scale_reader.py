@@ -124,18 +124,22 @@ class StoreReader:
             yield int(rowid), str(body)
 
     def vectors(self, dim: int) -> tuple[Any, Any]:
-        """Every row's rowid and vector: ``(uint64 keys, float32 matrix)``."""
-        keys: list[int] = []
-        blobs: list[bytes] = []
+        """Every row's rowid and vector: ``(uint64 keys, float32 matrix)``, filled in place (a
+        million rows: one matrix in memory, not a list of blobs and then its copy)."""
+        (count,) = next(iter(self.conn.execute("SELECT count(*) FROM chunks")))
+        keys = np.empty(int(count), dtype=np.uint64)
+        matrix = np.empty((int(count), dim), dtype=np.float32)
+        n = 0
         for rowid, blob in self.conn.execute(
             "SELECT c.rowid, v.embedding FROM chunks c JOIN vectors v ON v.chunk_id = c.chunk_id"
         ):
-            keys.append(int(rowid))
-            blobs.append(blob)
-        matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(-1, dim) if blobs else None
-        return np.asarray(keys, dtype=np.uint64), (
-            matrix if matrix is not None else np.zeros((0, dim), dtype=np.float32)
-        )
+            if n == len(keys):  # rows committed since the count (none while a run holds the writer)
+                keys = np.resize(keys, 2 * n + 1)
+                matrix = np.resize(matrix, (2 * n + 1, dim))
+            keys[n] = rowid
+            matrix[n] = np.frombuffer(blob, dtype=np.float32)
+            n += 1
+        return keys[:n], matrix[:n]
 
     def close(self) -> None:
         self.conn.close()
