@@ -17,8 +17,11 @@ documents (28 gold questions), indexed in seconds.
 The clients cycle through the gold questions, so past the first round every query's vector
 comes from serve's query cache; ``--query-cache 0`` measures every query embedded.
 
+``--processes N`` serves with ``chunkyard serve --processes N`` (N processes on one port; the
+server's CPU time is then its whole process tree's).
+
 Usage: ``python bench/serve_load.py [--small] [--clients 16] [--seconds 60] [--watch] [--keep DIR]
-[--query-cache 0]``.
+[--query-cache 0] [--processes 2]``.
 """
 
 from __future__ import annotations
@@ -143,12 +146,25 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time so far of process ``pid`` and every live process below it
+    (``serve --processes N``'s server processes), from Linux ``/proc`` (0 elsewhere)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        child = int(stat.parent.name)
+        parents[child] = int(fields[1])
+        times[child] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree = {pid}
+    grew = True
+    while grew:
+        below = {p for p, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return sum(times.get(p, 0.0) for p in tree)
 
 
 def hammer(server: Server, questions: list[str], clients: int, seconds: float) -> dict[str, Any]:
@@ -280,6 +296,7 @@ def main() -> int:
         "--single-seconds", type=float, default=10.0, help="one client first: the warm latency"
     )
     parser.add_argument("--workers", type=int, default=2, help="serve --workers")
+    parser.add_argument("--processes", type=int, default=1, help="serve --processes")
     parser.add_argument(
         "--query-cache", type=int, default=None, help="serve --query-cache (0: every query embedded)"
     )
@@ -298,7 +315,11 @@ def main() -> int:
     try:
         corpus, chunks, questions = prepare(args, work)
         cache = [] if args.query_cache is None else ["--query-cache", str(args.query_cache)]
-        server = Server(["--out", str(chunks), "--workers", str(args.workers), *cache], work)
+        processes = ["--processes", str(args.processes)] if args.processes != 1 else []
+        server = Server(
+            ["--out", str(chunks), "--workers", str(args.workers), *processes, *cache],
+            work,
+        )
         try:
             server.wait(lambda: server.get("/v1/health")[0] == 200)
             status = server.get("/v1/health")[1]["index"]
@@ -313,6 +334,7 @@ def main() -> int:
             "corpus": "fastapi-subset" if args.small else "+".join(args.corpora),
             "chunks": status["chunks"],
             "workers": args.workers,
+            "processes": args.processes,
             "query_cache": args.query_cache,
             "one_client": single,
             "load": load,

@@ -1,8 +1,8 @@
-"""``chunkyard serve``'s less travelled paths: an unexpected failure (500 ``internal``), a LanceDB
-index, and the query embedder that serve's workers share.
+"""``chunkyard serve``'s less travelled paths: chunk files broken on disk under a running
+server, a LanceDB index, and the query embedder that serve's workers share.
 
 Real components only: a served subprocess on 127.0.0.1, the real ONNX model, a real LanceDB
-store; the failure comes from a real request on a chunk file broken on disk, not a mock.
+store; the failures come from real requests on chunk files broken on disk, not mocks.
 """
 
 from __future__ import annotations
@@ -28,47 +28,73 @@ from serve_support import (
 need_serve_stack()
 
 
-def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(tmp_path: Path) -> None:
-    """A chunk file edited by hand into valid JSON of the wrong shape makes ``resolve`` fail in
-    a way no error class foresees: the client gets 500 ``internal`` as JSON, without the
-    traceback (that goes to the server's log), and every other request is answered as before."""
+def test_a_broken_chunk_file_is_answered_around_and_named_and_the_server_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    """Two chunk files broken on disk under a running server: the hit's own, edited by hand into
+    valid JSON of the wrong shape, and a neighbour of its passage, cut short. A search that
+    meets them still answers (200): the hit comes back as the plain chunk the index holds, the
+    broken neighbour stays out of the passage, and a warning names each file and the fix. A
+    request about a broken chunk itself (resolve, get) is 500 ``broken_chunk`` naming its file
+    and the fix, never a traceback; a citation of it is checked as ``unreadable_chunk``; the
+    server's log says the same; once mended, every answer is the one from before."""
     corpus, chunks = indexed(tmp_path, tmp_path / "broken")
+    question = "/v1/search?q=" + quote("allow credentials with wildcard origins") + "&k=3"
     with served(["--out", str(chunks), "--corpus", str(corpus)], tmp_path) as server:
-        status, record = server.get(
-            "/v1/search?q=" + quote("allow credentials with wildcard origins") + "&k=1"
-        )
-        assert status == 200 and record["items"], record
-        victim = record["items"][0]["chunk_file"]
-        good = json.loads((chunks / victim).read_text(encoding="utf-8"))
-        broken = {**good, "charOffsets": "not an object"}
-        (chunks / victim).write_text(json.dumps(broken), encoding="utf-8")
+        status, before = server.get(question)
+        assert status == 200 and before["items"] and not before["warnings"], before
+        hit = before["items"][0]
+        assert len(hit["chunk_ids"]) > 1, hit  # a passage: the hit and ranked neighbours
+        victim = hit["chunk_file"]
+        status, neighbour = server.get("/v1/chunk?id=" + quote(hit["chunk_ids"][1]))
+        assert status == 200, neighbour
+        cut = neighbour["chunk_file"]
+        good = {rel: (chunks / rel).read_bytes() for rel in (victim, cut)}
+        shape = {**json.loads(good[victim]), "charOffsets": "not an object"}
+        (chunks / victim).write_text(json.dumps(shape), encoding="utf-8")
+        (chunks / cut).write_bytes(good[cut][: len(good[cut]) // 2])
 
-        status, headers, body = server.raw("GET", "/v1/resolve?id=" + quote(victim))
-        assert status == 500, body
-        assert headers["content-type"] == "application/json"
-        answer = json.loads(body)
-        assert answer == {
-            "ok": False,
-            "code": "internal",
-            "error": "internal error (details in the server's log)",
-            "status": 500,
-        }
-        assert b"Traceback" not in body and b"charOffsets" not in body
-        assert server.proc is not None
-        log = stderr_of(server.proc)
-        assert "TypeError" in log  # the details are in the server's log
+        status, during = server.get(question)
+        assert status == 200, during
+        first = during["items"][0]
+        assert first["chunk_id"] == hit["chunk_id"] and first["chunk_ids"] == [hit["chunk_id"]], first
+        cut_id = neighbour["record"]["chunk_id"]  # in no passage; a hit of its own stays a plain chunk
+        assert all(cut_id not in item["chunk_ids"][1:] for item in during["items"]), during["items"]
+        assert all(item["chunk_ids"] == [cut_id] for item in during["items"] if item["chunk_id"] == cut_id)
+        for rel, why in ((victim, "charOffsets"), (cut, "not JSON")):
+            said = [w for w in during["warnings"] if w.startswith(f"{rel}: broken chunk file")]
+            assert len(said) == 1 and why in said[0], during["warnings"]
+            assert f"chunkyard validate --out {chunks}" in said[0] and "--full" in said[0], said
 
+        for route, rel in (("/v1/resolve", victim), ("/v1/chunk", cut)):
+            status, headers, body = server.raw("GET", f"{route}?id=" + quote(rel))
+            assert status == 500 and headers["content-type"] == "application/json", body
+            answer = json.loads(body)
+            assert (answer["ok"], answer["code"], answer["file"]) == (False, "broken_chunk", rel), answer
+            assert answer["error"].startswith(f"{rel}: broken chunk file") and "--full" in answer["error"]
+            assert b"Traceback" not in body
+        # an answer citing the broken chunk: checked, with one clear problem for that citation
+        status, report = server.post("/v1/check-citations", {"citations": [hit]})
+        assert status == 200 and report["ok"] is False, report
+        problems = [p for p in report["problems"] if victim in json.dumps(p)]
+        assert problems and problems[0]["code"] == "unreadable_chunk", report
         status, health = server.get("/v1/health")
         assert status == 200 and health["ok"]
-        (chunks / victim).write_text(json.dumps(good), encoding="utf-8")  # mended: answered again
+        assert server.proc is not None
+        log = stderr_of(server.proc)
+        for rel in (victim, cut):
+            assert f"{rel}: broken chunk file" in log and "chunkyard ingest CORPUS" in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+
+        for rel, data in good.items():  # mended: answered as before
+            (chunks / rel).write_bytes(data)
         status, resolved = server.get("/v1/resolve?id=" + quote(victim))
-        assert status == 200 and resolved["snippet_id"] == good["chunk_id"], resolved
-        status, again = server.get(
-            "/v1/search?q=" + quote("allow credentials with wildcard origins") + "&k=1"
-        )
-        assert status == 200 and again["items"][0]["chunk_id"] == record["items"][0]["chunk_id"]
+        assert status == 200 and resolved["snippet_id"] == hit["chunk_id"], resolved
+        status, after = server.get(question)
+        assert status == 200 and after["items"] == before["items"] and not after["warnings"], after
         _, _, metrics = server.raw("GET", "/metrics")
         assert 'chunkyard_requests_total{code="500",route="/v1/resolve"} 1.0' in metrics.decode()
+        assert 'chunkyard_requests_total{code="500",route="/v1/search"}' not in metrics.decode()
 
 
 def need_lancedb() -> None:

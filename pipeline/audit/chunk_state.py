@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from pipeline.chunkfolder import STATE_DIR, ChunkRecord, NotAnObjectError, read_chunk_file
+from pipeline.audit.broken import read_checked
+from pipeline.chunkfolder import STATE_DIR, ChunkRecord
 from pipeline.errors import PipelineError, UsageError
 from pipeline.models import SourceDoc
 from pipeline.run.db import StateDB, StateError, db_path
@@ -133,17 +132,17 @@ class ChunkStore:
         return IndexView(self.db, kind)
 
     def read_record(self, file: str) -> ChunkRecord:
-        """One chunk file, parsed; ``PipelineError`` when it is missing or not a JSON object."""
+        """One chunk file, parsed and checked against the chunk schema; ``PipelineError`` when
+        it is missing or unreadable, ``BrokenChunkError`` when it is not a record of the schema
+        (edited or cut short on disk: a reader names it instead of failing on a field later)."""
         try:
-            return read_chunk_file(self.out / file)
+            return read_checked(self.out, file)
         except FileNotFoundError:
             raise PipelineError(
                 f"{file}: chunk file is listed in the manifest but missing "
                 "(hint: run chunkyard ingest to repair the output)"
             ) from None
-        except NotAnObjectError:
-            raise PipelineError(f"{file}: not a JSON object (hint: run chunkyard ingest --full)") from None
-        except (OSError, orjson.JSONDecodeError) as exc:
+        except OSError as exc:
             raise PipelineError(
                 f"{file}: cannot read the chunk file ({exc}) (hint: run chunkyard ingest)"
             ) from None

@@ -88,12 +88,23 @@ def serve_cmd(
     mcp: Annotated[
         str | None, typer.Option("--mcp", metavar="stdio", help="Speak MCP on stdin/stdout instead of HTTP.")
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="Queries answered at once.")] = 2,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, max=64, help="Queries answered at once (per process).")
+    ] = 2,
+    processes: Annotated[
+        int,
+        typer.Option(
+            "--processes",
+            min=1,
+            max=64,
+            help="Server processes on one port (one core each; not with --watch).",
+        ),
+    ] = 1,
     query_cache: Annotated[
         int, typer.Option("--query-cache", min=0, help="Recent queries whose vectors are kept (0: none).")
     ] = 4096,
     max_concurrent: Annotated[
-        int, typer.Option("--max-concurrent", min=1, help="Requests in flight before 503 busy.")
+        int, typer.Option("--max-concurrent", min=1, help="Requests in flight (per process) before 503 busy.")
     ] = 64,
     quiet: QuietOpt = False,
 ) -> None:
@@ -102,11 +113,16 @@ def serve_cmd(
         if mcp not in (None, "stdio"):
             raise UsageError(f"--mcp {mcp}: only 'stdio' (hint: MCP over HTTP is always at /mcp)")
         check_bind(host, token, insecure)
+        if processes > 1 and (watch is not None or mcp == "stdio"):
+            raise UsageError(
+                f"--processes {processes} with {'--watch' if watch is not None else '--mcp stdio'}: "
+                "that runs in one process (hint: drop --processes, or run the writer as `chunkyard watch`)"
+            )
         _import_stack()
         code = run_server(
             out, watch=watch, corpus=corpus, store=store, host=host, port=port, token=token,
             mcp_stdio=mcp == "stdio", workers=workers, max_concurrent=max_concurrent, quiet=quiet,
-            query_cache=query_cache,
+            query_cache=query_cache, processes=processes,
         )  # fmt: skip
     except PipelineError as exc:
         raise usage_error(exc, False) from None
@@ -127,11 +143,15 @@ def run_server(
     max_concurrent: int,
     quiet: bool,
     query_cache: int = 4096,
+    processes: int = 1,
 ) -> int:
     """Start the writer (``--watch``), open the index, serve until a signal; the exit code."""
     # one BLAS thread per query (set before numpy loads): the workers are the parallelism,
     # and a pool of BLAS threads per product would only hand the query between threads
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from pipeline.serve.processes import log_plainly, run_processes
+
+    log_plainly()
     from pipeline.serve.handle import open_index
     from pipeline.serve.limits import Limits
     from pipeline.serve.watching import WriterProcess
@@ -142,6 +162,13 @@ def run_server(
         raise UsageError(
             f"{out}: no such chunk folder (hint: chunkyard ingest CORPUS --out {out}, or --watch CORPUS)"
         )
+    if processes > 1:
+        _announce(host, port, None, quiet, f" · {processes} processes")
+        settings = {
+            "out": str(out), "store": store, "corpus": str(corpus) if corpus else None, "workers": workers,
+            "query_cache": query_cache, "max_concurrent": max_concurrent, "token": token,
+        }  # fmt: skip
+        return run_processes(settings, processes, host, port)
     limits = Limits(max_concurrent=max_concurrent)
     writer = WriterProcess(watch, out, store, quiet=quiet) if watch is not None else None
     if writer is not None:
@@ -173,29 +200,24 @@ def _run_http(
     import uvicorn
 
     from pipeline.serve.app import create_app
+    from pipeline.serve.processes import uvicorn_options
 
     app = create_app(handle, limits=limits, token=token, host=host, writer=writer)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        server_header=False,
-        timeout_graceful_shutdown=5,
-        h11_max_incomplete_event_size=512
-        * 1024,  # request line + headers: room for a 10^5-character query to be refused as JSON
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(host, port)))
+    _announce(host, port, writer, quiet)
+    server.run()
+    return 0
+
+
+def _announce(host: str, port: int, writer: Any, quiet: bool, extra: str = "") -> None:
     if not quiet:
         shown = f"[{host}]" if ":" in host else host
         err.print(
             f"chunkyard serve: http://{shown}:{port}/v1/search · MCP at /mcp · metrics at /metrics"
             + (f" · watching {writer.corpus}" if writer is not None else "")
+            + extra
             + " (Ctrl-C stops)",
             highlight=False,
             soft_wrap=True,
         )
     sys.stderr.flush()
-    server.run()
-    return 0

@@ -128,6 +128,7 @@ def expand(
     count: Callable[[str], int] | None = None,
     scope: str = "section",
     depth: int | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
 
@@ -168,6 +169,8 @@ def expand(
     covered: set[str] = set()
     out: list[dict[str, Any]] = []
     for item in items:
+        if limit is not None and len(out) >= limit:
+            break
         chunk_id = id_of(item)
         if chunk_id in covered:
             continue
@@ -263,10 +266,17 @@ class ChunkFiles:
         self.read = read or read_chunk_file
         self.paths: dict[str, Path] = {}
         self.spans: dict[str, ChunkSpan | None] = {}
+        self._files: dict[str, str] = {}  # remembered, made a path when first looked up
 
     def remember(self, chunk_id: str, chunk_file: str) -> None:
         """Where ``chunk_id``'s file is (a search item's ``chunk_file``)."""
-        self.paths.setdefault(chunk_id, self.out / chunk_file)
+        self._files.setdefault(chunk_id, chunk_file)
+
+    def _path(self, chunk_id: str) -> Path | None:
+        path = self.paths.get(chunk_id)
+        if path is None and chunk_id in self._files:
+            path = self.paths[chunk_id] = self.out / self._files[chunk_id]
+        return path
 
     def _read(self, path: Path) -> dict[str, Any] | None:
         return self.read(path)
@@ -287,7 +297,7 @@ class ChunkFiles:
     def __call__(self, chunk_id: str) -> ChunkSpan | None:
         if chunk_id in self.spans:
             return self.spans[chunk_id]
-        path = self.paths.get(chunk_id)
+        path = self._path(chunk_id)
         rec = self._read(path) if path is not None else None
         span = None
         if path is not None and rec is not None and rec.get("chunk_id") == chunk_id:

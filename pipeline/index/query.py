@@ -182,7 +182,8 @@ class Searcher:
         items.sort(key=lambda it: (-it["score_norm"], it["section_id"], it["snippet_id"]))
         items = items[:pool]
         if budget:
-            items = self._passages.merge(items, budget, warnings, {row.id: cid for cid, row in rows.items()})
+            ids = {row.id: cid for cid, row in rows.items()}
+            items = self._passages.merge(items, budget, warnings, ids, limit=k)  # the first k passages
         items = items[:k]
         for final, item in enumerate(items, 1):
             item["k_final"] = final

@@ -3,15 +3,20 @@
 A client (a program or a model) gets ``{"ok": false, "code": ..., "error": ..., "status":
 ...}`` for anything that goes wrong, never a traceback: ``as_serve_error`` maps each of
 chunkyard's errors to a code and an HTTP status, and anything unexpected to ``internal``
-(its details go to the server's log only).
+(its details go to the server's log only). A chunk file broken on disk is ``broken_chunk``
+for a request about that chunk (its file and the fix in the answer and in the log); a search
+that merely meets one answers without it (a warning in the record).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import PipelineError, UsageError
+
+log = logging.getLogger("chunkyard.serve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,7 @@ class ServeError(Exception):
 
 def as_serve_error(exc: BaseException) -> ServeError:
     """The code and status for one of chunkyard's errors (``internal`` for anything else)."""
+    from pipeline.audit.broken import BrokenChunkError
     from pipeline.audit.resolve import UnknownIdError
     from pipeline.index.vector_store import IndexMismatchError
     from pipeline.serve.handle import BadIdError, NoIndexError
@@ -79,6 +85,9 @@ def as_serve_error(exc: BaseException) -> ServeError:
             f"{exc.query}: {exc.reason}",
             {"query": exc.query, "suggestions": exc.suggestions},
         )
+    if isinstance(exc, BrokenChunkError):  # the data is at fault, not the request: a 5xx, and logged
+        log.warning("chunkyard serve: %s", exc)
+        return ServeError(500, "broken_chunk", str(exc), {"file": exc.file})
     if isinstance(exc, BadIdError):
         return ServeError(400, "bad_id", str(exc))
     if isinstance(exc, NoIndexError):

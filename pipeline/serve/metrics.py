@@ -4,10 +4,13 @@ Counted per request: ``chunkyard_requests_total{route, code}`` and the latency h
 ``chunkyard_request_seconds{route}`` (routes are the API's own paths; anything else is
 ``other``, so a scan of random paths cannot grow the label set). Read at each scrape: the
 index's chunk count, size on disk and generation, the writer's last sync (``--watch``).
+Under ``serve --processes N`` the counters live in Prometheus' multiprocess files
+(``PROMETHEUS_MULTIPROC_DIR``, set before the processes start) and a scrape sums them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,18 +67,25 @@ class Metrics:
         self, handle: IndexHandle, writer_state: Callable[[], dict[str, Any] | None] = lambda: None
     ) -> None:
         self.registry = CollectorRegistry()
+        # several processes: each counts into its files, the scrape reads every process's
+        counted: CollectorRegistry | None = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]
+            counted = None
         self.requests = Counter(
             "chunkyard_requests",
             "Requests answered, by route and code.",
             ["route", "code"],
-            registry=self.registry,
+            registry=counted,
         )
         self.latency = Histogram(
             "chunkyard_request_seconds",
             "Time to answer, by route.",
             ["route"],
             buckets=BUCKETS,
-            registry=self.registry,
+            registry=counted,
         )
         self.registry.register(_IndexCollector(handle, writer_state))
 

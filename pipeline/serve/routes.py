@@ -10,6 +10,7 @@ lets ``workers`` of them query at once.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -114,10 +115,12 @@ def build_router(
 
     @router.get("/v1/health", tags=["service"], summary="Is it up, and which index does it serve")
     def health() -> dict[str, Any]:
-        """``ok`` while the server answers; the live index's identity; the writer's state (``--watch``)."""
+        """``ok`` while the server answers; the live index's identity; the writer's state
+        (``--watch``); ``process``: the id of the server process that answered (``--processes``)."""
         return {
             "ok": True,
             "version": __version__,
+            "process": os.getpid(),
             "index": handle.status(),
             "writer": writer.state() if writer is not None else None,
         }

@@ -1,0 +1,115 @@
+"""``chunkyard serve --processes N``: N server processes taking turns on one listening socket.
+
+Why: a query's Python work (ranking, fusion, passages, the JSON) holds the interpreter's
+lock, so one process answers on about one core however many ``--workers`` it runs; on a
+machine of several cores, queries wait in line for that lock. N processes, each with its
+own ``IndexHandle`` (its embedder, its vectors), accept connections from one socket
+(uvicorn's supervisor, spawned processes; a process that dies is started again), so N
+cores answer at once.
+
+What they share: the socket, the index on disk (each reads the last committed one), and
+the request metrics (Prometheus' multiprocess mode: each process writes its counters to
+files in a private temporary folder, and ``/metrics`` sums them, whichever process
+answers). Each process loads the model and the vectors once (memory grows with N).
+``--watch`` (one writer, whose state the one serving process reads) and ``--mcp stdio``
+run in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: How a spawned server process learns its settings (JSON; read once, then removed).
+SETTINGS_ENV = "CHUNKYARD_SERVE_PROCESS"
+#: Where the processes' metric files go (prometheus_client reads it when it is imported).
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Seconds a starting process may take to answer the supervisor (it loads the model and the vectors first).
+HEALTHCHECK_S = 120
+
+
+def uvicorn_options(host: str, port: int) -> dict[str, Any]:
+    """What every ``chunkyard serve`` over HTTP tells uvicorn, with one process or many."""
+    return {
+        "host": host,
+        "port": port,
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "timeout_graceful_shutdown": 5,
+        # request line + headers: room for a 10^5-character query to be refused as JSON
+        "h11_max_incomplete_event_size": 512 * 1024,
+    }
+
+
+def log_plainly() -> None:
+    """chunkyard's own log records (a broken chunk file, a failed request) one per line on
+    stderr, whole: the MCP SDK gives the root logger a handler that wraps lines at 80 columns,
+    and a file name or a fix cut in two cannot be searched for in a log."""
+    logger = logging.getLogger("chunkyard")
+    if any(getattr(h, "chunkyard_plain", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"))
+    handler.chunkyard_plain = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+def run_processes(settings: dict[str, Any], processes: int, host: str, port: int) -> int:
+    """Serve with ``processes`` spawned server processes until a signal; the exit code.
+
+    ``settings``: what each process opens and how it guards (``out``, ``store``, ``corpus``,
+    ``workers``, ``query_cache``, ``max_concurrent``, ``token``)."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    with tempfile.TemporaryDirectory(prefix="chunkyard-serve-metrics-") as metrics:
+        os.environ[METRICS_ENV] = metrics
+        os.environ[SETTINGS_ENV] = json.dumps({**settings, "host": host})
+        try:
+            config = uvicorn.Config(
+                "pipeline.serve.processes:process_app",
+                factory=True,
+                workers=processes,
+                timeout_worker_healthcheck=HEALTHCHECK_S,
+                **uvicorn_options(host, port),
+            )
+            sock = config.bind_socket()
+            Multiprocess(config, sockets=[sock]).run()
+        finally:
+            os.environ.pop(SETTINGS_ENV, None)
+            os.environ.pop(METRICS_ENV, None)
+    return 0
+
+
+def process_app() -> Any:
+    """One spawned server process's application (uvicorn calls it there): its own handle,
+    warmed before the process accepts its first connection."""
+    from pipeline.errors import PipelineError
+    from pipeline.serve.app import create_app
+    from pipeline.serve.handle import open_index
+    from pipeline.serve.limits import Limits
+
+    log_plainly()
+    settings = json.loads(os.environ.pop(SETTINGS_ENV))
+    handle = open_index(
+        Path(settings["out"]),
+        settings.get("store"),
+        corpus=settings.get("corpus"),
+        workers=int(settings["workers"]),
+        query_cache=int(settings["query_cache"]),
+    )
+    with contextlib.suppress(PipelineError):  # no index yet: the first search says so
+        handle.warm()
+    limits = Limits(max_concurrent=int(settings["max_concurrent"]))
+    return create_app(handle, limits=limits, token=settings.get("token"), host=settings["host"])
+
+
+__all__ = ("log_plainly", "process_app", "run_processes", "uvicorn_options")

@@ -1,0 +1,79 @@
+"""``chunkyard serve --processes N``: several server processes on one port, answering as one.
+
+Real components only: ``chunkyard serve`` as a subprocess on 127.0.0.1 (uvicorn's supervisor
+spawning real server processes), the real ONNX model and SQLite index, a plain HTTP client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from serve_support import CHUNKYARD, gold_questions, indexed, need_serve_stack, served, without_volatile
+
+need_serve_stack()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_two_processes_answer_as_one_server_and_stop_together(tmp_path: Path) -> None:
+    """Both processes answer (health names the process), every answer equals ``chunkyard
+    search --json``'s whichever process gave it, ``/metrics`` counts the requests of both, and
+    a SIGTERM to the parent stops every process."""
+    corpus, chunks = indexed(tmp_path, tmp_path / "two")
+    questions = [row["question"] for row in gold_questions()][:3]
+    with served(["--out", str(chunks), "--corpus", str(corpus), "--processes", "2"], tmp_path) as server:
+        seen: set[int] = set()
+        deadline = time.monotonic() + 120
+        while len(seen) < 2 and time.monotonic() < deadline:  # a fresh connection each: any process may take it
+            status, health = server.get("/v1/health")
+            assert status == 200 and health["ok"] and health["index"]["exists"], health
+            seen.add(int(health["process"]))
+        assert len(seen) == 2, seen
+        assert server.proc is not None and server.proc.pid not in seen  # the parent only supervises
+
+        searches = 0
+        for question in questions:
+            cli = subprocess.run(
+                [CHUNKYARD, "search", question, "--out", str(chunks), "-k", "5", "--json"],
+                capture_output=True,
+                check=True,
+            )
+            expected = without_volatile(json.loads(cli.stdout))
+            for _ in range(4):
+                status, record = server.get(f"/v1/search?q={quote(question)}&k=5")
+                searches += 1
+                assert status == 200 and without_volatile(record) == expected, question
+        _, _, metrics = server.raw("GET", "/metrics")
+        text = metrics.decode()
+        assert f'chunkyard_requests_total{{code="200",route="/v1/search"}} {searches}.0' in text, text[-2000:]
+        assert "chunkyard_index_chunks" in text
+    assert server.proc is not None and server.proc.returncode is not None
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in seen) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in seen), seen
+
+
+def test_processes_with_watch_or_stdio_is_refused(tmp_path: Path) -> None:
+    """``--processes`` > 1 with ``--watch`` (one writer) or ``--mcp stdio``: exit 2, and why."""
+    for extra in (["--watch", str(tmp_path)], ["--mcp", "stdio"]):
+        done = subprocess.run(
+            [CHUNKYARD, "serve", "--out", str(tmp_path), "--processes", "2", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2, done
+        assert "--processes 2 with" in done.stderr and "one process" in done.stderr, done.stderr
