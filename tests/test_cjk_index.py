@@ -173,3 +173,19 @@ def test_the_lancedb_store_takes_the_cjk_analyzer_too(zh: tuple[Path, Path], tmp
     with Searcher(out, store, expand_tokens=0) as searcher:
         hits = searcher("两个张量不在同一个设备上能相加吗", "bm25", 3)
     assert hits and hits[0]["file"] == "gpu.md"
+
+
+def test_the_server_handle_gives_a_cjk_index_the_clis_passage_budget(zh: tuple[Path, Path], tmp_path: Path) -> None:
+    """``serve`` (``open_index``) answers as ``chunkyard search`` does: passages of the index
+    language's budget unless a request names one."""
+    from pipeline.index.language import CJK_PASSAGE_TOKENS
+    from pipeline.serve.handle import open_index
+
+    _, out = _copy(zh, tmp_path / "served")
+    index(out, embedder="default")
+    with Searcher(out) as cli, open_index(out) as handle:
+        for question in ("暂退法在训练的时候怎么用", "两个张量不在同一个设备"):
+            want, got = cli.record(question, 5, "hybrid"), handle.search(question, 5, "hybrid")
+            assert got["expand_tokens"] == want["expand_tokens"] == CJK_PASSAGE_TOKENS
+            assert got["items"] == want["items"], question
+        assert handle.search("怎么求导", 5, "hybrid", 0)["expand_tokens"] == 0

@@ -56,13 +56,13 @@ ModeOpt = Annotated[
     typer.Option("--mode", help="hybrid, dense or bm25 (repeatable).", show_default="all three"),
 ]
 ExpandOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--expand",
         min=0,
         metavar="TOKENS",
         help="Merge each hit with its ranked neighbours (across headings) up to TOKENS, cited as one span "
-        "(0 = off), exactly as `chunkyard search` does.",
+        f"(0 = off; default {DEFAULT_BUDGET}, the index language's for CJK text), exactly as `chunkyard search` does.",
     ),
 ]
 NoExpandOpt = Annotated[bool, typer.Option("--no-expand", help="Plain chunks, no passages (= --expand 0).")]
@@ -80,7 +80,7 @@ HtmlOpt = Annotated[
 
 
 def open_index_search(
-    out: Path, store: Path | None, expand_tokens: int = DEFAULT_BUDGET, corpus: Path | None = None
+    out: Path, store: Path | None, expand_tokens: int | None = None, corpus: Path | None = None
 ) -> tuple[Any, dict[str, Any]]:
     """The index's ``search(query, mode, k)`` (``pipeline.index.query.Searcher``, passages of
     ``expand_tokens``, as ``chunkyard search`` gives them) and its identity (``index_hash``,
@@ -96,7 +96,7 @@ def open_index_search(
     identity: dict[str, Any] = {
         key: searcher.meta[key] for key in ("index_hash", "embed_model", "analyzer") if searcher.meta.get(key)
     }
-    identity["expand_tokens"] = expand_tokens
+    identity["expand_tokens"] = searcher.expand_tokens  # None asked: the index language's budget
     return searcher, identity
 
 
@@ -117,7 +117,7 @@ def eval_cmd(
     store: StoreOpt = None,
     k: KOpt = 50,
     mode: ModeOpt = None,
-    expand: ExpandOpt = DEFAULT_BUDGET,
+    expand: ExpandOpt = None,
     no_expand: NoExpandOpt = False,
     per_query: PerQueryOpt = False,
     beir: BeirOpt = None,

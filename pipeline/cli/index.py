@@ -17,6 +17,7 @@ from rich.text import Text
 from pipeline.cli.base import JsonOpt, QuietOpt, WaitOpt, bar_progress, err, out_console, usage_error
 from pipeline.errors import PipelineError
 from pipeline.index.expand import DEFAULT_BUDGET
+from pipeline.index.language import CJK_PASSAGE_TOKENS
 
 IndexOutOpt = Annotated[Path, typer.Option("--out", "-o", help="Chunk folder to index.")]
 StoreOpt = Annotated[
@@ -241,15 +242,16 @@ def search_cmd(
         ),
     ] = None,
     expand: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--expand",
             min=0,
             metavar="TOKENS",
             help="Merge each hit with its ranked neighbours in its document (across headings) into one "
-            "passage of at most TOKENS, cited as one span (0 = off).",
+            f"passage of at most TOKENS, cited as one span (0 = off; default {DEFAULT_BUDGET}, "
+            f"{CJK_PASSAGE_TOKENS} for an index of Chinese, Japanese or Korean text).",
         ),
-    ] = DEFAULT_BUDGET,
+    ] = None,
     no_expand: Annotated[
         bool, typer.Option("--no-expand", help="Plain chunks, no passages (= --expand 0).")
     ] = False,

@@ -146,8 +146,9 @@ def require(name: str, default_name: str, *, where: str, hint: str) -> Analysis:
 
 def embedder_for(choice: Choice) -> tuple[str, str]:
     """The embedder spec a new index takes when no ``--embedder`` is given, and why. Always the
-    default: the multilingual model (``--embedder e5``) is an option, not the CJK default, until
-    the bench shows it ranks better there (docs/benchmarks.md); a CJK corpus is told so."""
+    default: the multilingual model (``--embedder e5``) ranks Chinese far better by itself, but it
+    costs several times the indexing CPU and has not been measured on the gold set that chooses
+    the CJK defaults (docs/benchmarks.md), so it stays an option; a CJK corpus is told so."""
     from pipeline.index import embed_e5
 
     if not choice.cjk:
@@ -155,20 +156,37 @@ def embedder_for(choice: Choice) -> tuple[str, str]:
     extra = "" if embed_e5.available() else f" ({embed_e5.INSTALL_HINT})"
     return "default", (
         f"the default, an English model, for a corpus in Chinese, Japanese or Korean ({choice.reason}); "
-        f"its hybrid search leans on BM25; --embedder e5 for the multilingual model{extra}"
+        f"its hybrid search leans on BM25 (dense weight {CJK_DENSE}); --embedder e5 for the multilingual "
+        f"model, better on CJK text but slower to index{extra}"
     )
 
 
 #: The dense side's weight (BM25's is 1) in hybrid search over CJK text. The default embedder
 #: was trained on English: its vectors of Chinese or Japanese carry little, and at equal weight
-#: they pull the hits BM25 ranks well down (docs/benchmarks.md, the d2l-zh set). The
-#: multilingual model gets the same weight until it is measured there.
-CJK_DENSE = 0.3
+#: they pull the hits BM25 ranks well down (docs/benchmarks.md, the d2l-zh set, with the BM25
+#: windows of ``pipeline.index.windows``). The multilingual model gets the same weight until it
+#: is measured there.
+CJK_DENSE = 0.1
+#: The passage budget (``search --expand``) over CJK text. cl100k spends about a token per
+#: Chinese or Japanese character, so a budget holds far less text there than in English; the
+#: English default's passages cut the answer's context short (docs/benchmarks.md, d2l-zh).
+CJK_PASSAGE_TOKENS = 1024
+
+
+def is_cjk_index(meta: Mapping[str, str]) -> bool:
+    """Whether the index whose meta is ``meta`` was built with the CJK analyzer."""
+    return meta.get("analyzer", "").endswith(with_cjk("", True))
+
+
+def passage_budget(meta: Mapping[str, str], default: int) -> int:
+    """The passage budget of search over the index whose meta is ``meta`` when none is asked:
+    ``default``, or ``CJK_PASSAGE_TOKENS`` for an index with the CJK analyzer."""
+    return CJK_PASSAGE_TOKENS if is_cjk_index(meta) else default
 
 
 def hybrid_weights(meta: Mapping[str, str]) -> tuple[float, float]:
     """(BM25, dense) weights of hybrid search over the index whose meta is ``meta``: equal, except
     an index with the CJK analyzer, whose dense side counts ``CJK_DENSE``."""
-    if meta.get("analyzer", "").endswith(with_cjk("", True)):
+    if is_cjk_index(meta):
         return (1.0, CJK_DENSE)
     return (1.0, 1.0)

@@ -85,6 +85,11 @@ class Passages:
             self._texts[rel] = kept
         return kept[1]
 
+    def read_record(self, path: Path) -> dict[str, Any] | None:
+        """A chunk file's record (``None`` when gone or broken), through the same memory as the
+        merge (for the BM25 windows)."""
+        return self._chunk_record(path)[0]
+
     def _chunk_record(self, path: Path) -> Read:
         """A chunk file's record, kept across queries while the file's (inode, mtime, size)
         stay the same: chunk files are replaced whole (a new inode), never edited in place.

@@ -32,12 +32,13 @@ from pipeline.index.analyzer import ANALYZER
 from pipeline.index.expand import DEFAULT_BUDGET, SCOPES
 from pipeline.index.fusion import FUSIONS, MISSING_Z, MODES, RRF_K, Candidate, fuse, score_norm, zscores
 from pipeline.index.identity import check_compatible, rebuild_hint
-from pipeline.index.language import default_analyzer, hybrid_weights, require
+from pipeline.index.language import default_analyzer, hybrid_weights, passage_budget, require
 from pipeline.index.passages import MERGE_DEPTH, Passages
 from pipeline.index.rows import ChunkRow
 from pipeline.index.scale import open_scale_search
 from pipeline.index.substring_guard import substring_ruled_out
 from pipeline.index.vector_store import VectorStore, open_store, store_spec
+from pipeline.index.windows import WINDOW_POOL, window_scorer
 
 #: Each ranker's list in hybrid mode is this deep (or k, when k is larger).
 FUSE_DEPTH = 50
@@ -59,22 +60,22 @@ class Searcher:
         store: str | Path | None = None,
         embedder: Any = None,
         *,
-        expand_tokens: int = DEFAULT_BUDGET,
+        expand_tokens: int | None = None,
         corpus: Path | None = None,
         rrf_k: int = RRF_K,
         weights: tuple[float, float] | None = None,
         fusion: str = "zscore",
         passage_scope: str = "document",
         overlap_lexical: bool = True,
+        bm25_window: int | None = None,
     ) -> None:
-        if expand_tokens < 0:
+        if expand_tokens is not None and expand_tokens < 0:
             raise UsageError(f"expand_tokens must be 0 (off) or more, got {expand_tokens}")
         if fusion not in FUSIONS:
             raise UsageError(f"unknown fusion {fusion!r} (hint: one of {', '.join(FUSIONS)})")
         if passage_scope not in SCOPES:
             raise UsageError(f"unknown passage scope {passage_scope!r} (hint: one of {', '.join(SCOPES)})")
         self.out = Path(out)
-        self.expand_tokens = expand_tokens
         self.passage_scope = passage_scope
         self.fusion = fusion
         self.rrf_k = rrf_k
@@ -89,6 +90,13 @@ class Searcher:
             raise UsageError(f"{self.db.path}: the index is empty (hint: `chunkyard index --out {out}`)")
         if weights is None:  # the language's: a weak dense side never drags BM25 down
             self.weights = hybrid_weights(self.meta)
+        self.expand_tokens = (
+            passage_budget(self.meta, DEFAULT_BUDGET) if expand_tokens is None else expand_tokens
+        )
+        """The passage budget (``None`` asked: the language's, ``language.passage_budget``)."""
+        self._windows = window_scorer(self.db, self.meta, self.out, self._passages.read_record, bm25_window)
+        """BM25 over each chunk with its neighbours (``pipeline.index.windows``): the CJK
+        analyzer's default; ``bm25_window`` 0 ranks each chunk alone."""
         self._embedder = embedder
         self._store_arg = store
         self.overlap_lexical = overlap_lexical
@@ -128,6 +136,8 @@ class Searcher:
         return self._embedder
 
     def close(self) -> None:
+        if self._windows is not None:
+            self._windows.close()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         if self._lexical_db is not None:
@@ -201,6 +211,7 @@ class Searcher:
     def _rank(self, query: str, mode: str, k: int, warnings: list[str]) -> list[Candidate]:
         """``(chunk_id, score_raw, features, k_pos)`` candidates, before the tie-break."""
         depth = max(k, FUSE_DEPTH) if mode == "hybrid" else k
+        lexical_depth = max(depth, WINDOW_POOL) if self._windows is not None else depth
         bm25: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
         lexical: Future[tuple[list[tuple[str, float]], bool]] | None = None
@@ -208,15 +219,18 @@ class Searcher:
         if mode == "hybrid" and self.db.kind == "sqlite-vec" and self.overlap_lexical:
             # BM25 on a second connection in a thread while this one embeds and runs the KNN:
             # SQLite, onnxruntime and numpy all release the GIL, so the two overlap on 2 cores
-            lexical = self._pool().submit(self._lexical, self._second_db(), query, depth)
+            lexical = self._pool().submit(self._lexical, self._second_db(), query, lexical_depth)
         elif mode in ("hybrid", "bm25"):
-            bm25, by_substring = self._lexical(self.db, query, depth)
+            bm25, by_substring = self._lexical(self.db, query, lexical_depth)
         if mode in ("hybrid", "dense"):
             vector = getattr(self.embedder, "embed_query", self.embedder.embed)([query])[0]
             scaled = self._scale.dense(vector, depth) if self._scale is not None else None
             dense = self.db.dense(vector, depth) if scaled is None else scaled
         if lexical is not None:
             bm25, by_substring = lexical.result()
+        if self._windows is not None and bm25 and not by_substring:
+            files = {cid: row.file for cid, row in self.db.rows([cid for cid, _ in bm25]).items()}
+            bm25 = self._windows.rescore(query, bm25, files, self.db.meta().get("generation", ""), depth)
         if self._scale is not None:
             warnings.extend(self._scale.warnings())
         if by_substring:
@@ -304,10 +318,11 @@ def search(
     mode: str = "hybrid",
     store: str | Path | None = None,
     embedder: Any = None,
-    expand_tokens: int = DEFAULT_BUDGET,
+    expand_tokens: int | None = None,
 ) -> dict[str, Any]:
     """One query against the index of the chunk folder ``out``: 004's retrieval result record,
-    items merged into passages of at most ``expand_tokens`` tokens (0: plain chunks).
+    items merged into passages of at most ``expand_tokens`` tokens (0: plain chunks; ``None``:
+    the index language's budget, ``language.passage_budget``).
 
     Raises:
         UsageError: no index, an unknown mode, ``k`` < 1.

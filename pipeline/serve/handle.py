@@ -35,7 +35,6 @@ from pipeline.audit.chunk_state import ChunkStore
 from pipeline.audit.chunk_state import open_store as open_chunk_store
 from pipeline.audit.resolve import UnknownIdError, find, resolve
 from pipeline.errors import PipelineError, UsageError
-from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.index.fusion import MODES
 from pipeline.index.query import Searcher
 from pipeline.index.vector_store import open_store, store_spec
@@ -98,7 +97,8 @@ class IndexHandle:
         corpus: the sources (``None``: the one the chunk folder's state records).
         embedder: an embedder object or spec (``None``: the index's own, made once).
         workers: queries answered at once; a caller beyond waits for a free one.
-        expand_tokens: the default passage budget (``chunkyard search --expand``).
+        expand_tokens: the default passage budget (``chunkyard search --expand``; ``None``: the
+            index language's, as the CLI's).
         query_cache: vectors of this many recent queries kept (0: every query is embedded).
     """
 
@@ -110,7 +110,7 @@ class IndexHandle:
         corpus: Path | str | None = None,
         embedder: Any = None,
         workers: int = 2,
-        expand_tokens: int = DEFAULT_BUDGET,
+        expand_tokens: int | None = None,
         query_cache: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         if workers < 1:
@@ -166,8 +166,8 @@ class IndexHandle:
             raise UsageError(f"unknown search mode {mode!r} (hint: one of {', '.join(MODES)})")
         if k < 1:
             raise UsageError(f"k must be at least 1, got {k}")
-        budget = self.expand_tokens if expand_tokens is None else expand_tokens
-        if budget < 0:
+        budget = self.expand_tokens if expand_tokens is None else expand_tokens  # None: the index language's
+        if budget is not None and budget < 0:
             raise UsageError(f"expand_tokens must be 0 (off) or more, got {budget}")
         with self._slot() as slot:
             searcher = self._searcher(slot)
@@ -378,7 +378,7 @@ def open_index(
     corpus: Path | str | None = None,
     embedder: Any = None,
     workers: int = 2,
-    expand_tokens: int = DEFAULT_BUDGET,
+    expand_tokens: int | None = None,
     query_cache: int = DEFAULT_CACHE_SIZE,
 ) -> IndexHandle:
     """Open the index of ``out`` for many queries: see ``IndexHandle``."""

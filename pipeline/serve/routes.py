@@ -18,7 +18,6 @@ from fastapi import APIRouter, Body, Query, Response
 from pydantic import BaseModel, Field
 
 from pipeline._version import __version__
-from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.serve.handle import IndexHandle
 from pipeline.serve.limits import Limits
 from pipeline.serve.metrics import CONTENT_TYPE, Metrics
@@ -40,7 +39,10 @@ class SearchBody(BaseModel):
     query: str = Field(description="What to look for (any text; no query syntax).")
     k: int = Field(10, description="How many passages (or chunks) to return.")
     mode: Mode = Field("hybrid", description="hybrid (BM25 + dense, fused by z-score), dense or bm25.")
-    expand: int = Field(DEFAULT_BUDGET, description="Passage budget in tokens (0: plain chunks).")
+    expand: int | None = Field(
+        None,
+        description="Passage budget in tokens (0: plain chunks; absent: the index language's, as the CLI's).",
+    )
     no_expand: bool = Field(False, description="Plain chunks, no passages (= expand 0).")
 
 
@@ -50,7 +52,7 @@ def build_router(
     """The ``/v1`` routes, ``/metrics``, over one handle."""
     router = APIRouter()
 
-    def search(query: str, k: int, mode: str, expand: int, no_expand: bool) -> Response:
+    def search(query: str, k: int, mode: str, expand: int | None, no_expand: bool) -> Response:
         budget = 0 if no_expand else expand
         limits.check_search(query, k, budget)
         # the record is plain JSON data: serialised as it is, not walked again by FastAPI's encoder
@@ -61,7 +63,10 @@ def build_router(
         q: Annotated[str, Query(description="What to look for.")],
         k: Annotated[int, Query(description="How many passages.")] = 10,
         mode: Annotated[Mode, Query(description="hybrid, dense or bm25.")] = "hybrid",
-        expand: Annotated[int, Query(description="Passage budget in tokens (0: chunks).")] = DEFAULT_BUDGET,
+        expand: Annotated[
+            int | None,
+            Query(description="Passage budget in tokens (0: chunks; absent: the index language's)."),
+        ] = None,
         no_expand: Annotated[bool, Query(description="Plain chunks (= expand 0).")] = False,
     ) -> Response:
         """004's retrieval record; each item carries 001's citation payload and its text."""

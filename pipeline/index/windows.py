@@ -1,0 +1,205 @@
+"""BM25 over a chunk and its neighbours: how ``search`` ranks CJK text on the BM25 side.
+
+A chunk's budget is counted in cl100k tokens, and cl100k spends about a token per Chinese or
+Japanese character where an English word costs one: a 256-token chunk of Chinese holds a
+few sentences, a fraction of what the same budget holds in English. A learner's question
+shares a handful of bigrams with its answer, and in so little text those bigrams are often
+spread over the chunk and its neighbours, so BM25 over the chunk alone ranks the answer's
+chunk below a chunk that repeats one frequent bigram (the per-question evidence on the
+d2l-zh and fastapi-zh-ja gold sets is in docs/benchmarks.md).
+
+``WindowScorer`` re-scores the BM25 list of an index with the CJK analyzer: each candidate's
+score becomes ``(1 - WINDOW_SHARE) * own + WINDOW_SHARE * window``, where ``window`` is
+Okapi BM25 (FTS5's formula, k1 1.2, b 0.75) of the query over the text of the chunk and its
+``WINDOW`` neighbours on each side in its document, read as one text (the term counts and
+lengths summed), against an average length ``2 * WINDOW + 1`` times the index's. The
+candidates are the ``WINDOW_POOL`` best by BM25 over the chunk alone; the list returned is
+the rescored one, best first. Term statistics (rows, document frequencies, total tokens)
+come from the index's own FTS5 table, the tokens from FTS5's own tokenizer over the
+analyzed ``embedText`` (what the table holds), the neighbours from the chunk folder (as the
+passage merge finds them), so an index updated run by run ranks as a fresh build of the
+same chunks does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.index.analyzer import FTS5_TOKENIZE
+from pipeline.index.analyzers import Analysis
+from pipeline.index.expand import ChunkFiles, ChunkSpan
+
+#: Neighbours on each side that join a chunk's window (0: BM25 over the chunk alone).
+WINDOW = 1
+#: The window score's share of a candidate's BM25 score (the chunk's own keeps the rest).
+WINDOW_SHARE = 0.5
+#: BM25 candidates rescored (the best of them by window score make the BM25 list).
+WINDOW_POOL = 200
+#: Chunks whose tokens are kept across queries (past it the memory starts over).
+TOKENS_KEPT = 50_000
+K1 = 1.2
+B = 0.75
+
+Reader = Callable[[Path], dict[str, Any] | None]
+
+
+class WindowScorer:
+    """Window BM25 over the SQLite index at ``path`` (its FTS5 table ``fts``) and the chunk
+    folder ``out``; ``analysis``: the index's analyzer; ``read``: how a chunk file is read."""
+
+    def __init__(self, path: Path, out: Path, analysis: Analysis, read: Reader, window: int = WINDOW) -> None:
+        import apsw
+
+        self.out = out
+        self.analysis = analysis
+        self.read = read
+        self.window = window
+        self._apsw = apsw
+        self._conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        self._conn.set_busy_timeout(10_000)
+        name, *args = FTS5_TOKENIZE.split()
+        self._tokenizer: Any = apsw.Connection(":memory:").fts5_tokenizer(name, args)
+        self._stats: tuple[str, int, float] | None = None  # (generation, rows, mean tokens per row)
+        self._df: dict[str, int] = {}
+        self._tokens: dict[tuple[str, str], list[str]] = {}
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _tokenize(self, text: str, reason: int) -> list[str]:
+        found = self._tokenizer(
+            text.encode("utf-8"), reason, None, include_offsets=False, include_colocated=False
+        )
+        return [str(t) for t in found]
+
+    def _collection(self, generation: str) -> tuple[int, float]:
+        """(rows, mean tokens per row) of the FTS5 table, read again when ``generation`` moves."""
+        if self._stats is None or self._stats[0] != generation:
+            self._conn.execute(
+                "CREATE VIRTUAL TABLE IF NOT EXISTS temp.fts_terms USING fts5vocab(main, fts, row)"
+            )
+            rows = int(next(iter(self._conn.execute("SELECT count(*) FROM fts")))[0])
+            total = next(iter(self._conn.execute("SELECT coalesce(sum(cnt), 0) FROM temp.fts_terms")))[0]
+            self._stats = (generation, rows, float(total) / rows if rows else 0.0)
+            self._df = {}
+        return self._stats[1], self._stats[2]
+
+    def _frequency(self, term: str) -> int:
+        """Rows holding the query term (a phrase for a term of several tokens), as FTS5 counts them."""
+        if term not in self._df:
+            match = '"' + term.replace('"', '""') + '"'
+            self._df[term] = int(
+                next(iter(self._conn.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (match,))))[0]
+            )
+        return self._df[term]
+
+    def _chunk_tokens(self, chunk_id: str, record: dict[str, Any]) -> list[str]:
+        text = str(record.get("embedText") or record.get("originalText") or "")
+        key = (chunk_id, str(record.get("hash", "")))
+        if key not in self._tokens:
+            if len(self._tokens) >= TOKENS_KEPT:
+                self._tokens.clear()
+            self._tokens[key] = self._tokenize(self.analysis.analyze(text), self._apsw.FTS5_TOKENIZE_DOCUMENT)
+        return self._tokens[key]
+
+    def rescore(
+        self,
+        query: str,
+        hits: Sequence[tuple[str, float]],
+        files: dict[str, str],
+        generation: str,
+        depth: int,
+    ) -> list[tuple[str, float]]:
+        """``hits`` (chunk id, BM25 over the chunk; best first) rescored with their windows, the
+        best ``depth`` of them; ``files``: each hit's chunk file, relative to the chunk folder."""
+        if not hits or self.window <= 0:
+            return list(hits[:depth])
+        rows, mean = self._collection(generation)
+        terms = []
+        for term in self.analysis.query_terms(query):
+            tokens = self._tokenize(term, self._apsw.FTS5_TOKENIZE_QUERY)
+            if tokens:
+                terms.append((tuple(tokens), self._idf(rows, self._frequency(term))))
+        lookup = ChunkFiles(self.out, None, self.read)
+        scored = []
+        for chunk_id, own in hits:
+            window = self._window(lookup, chunk_id, files.get(chunk_id))
+            score = own
+            if window:
+                score = (1.0 - WINDOW_SHARE) * own + WINDOW_SHARE * _bm25(
+                    terms, window, mean * (2 * self.window + 1)
+                )
+            scored.append((chunk_id, score))
+        scored.sort(key=lambda p: (-p[1], p[0]))
+        return scored[:depth]
+
+    @staticmethod
+    def _idf(rows: int, frequency: int) -> float:
+        """FTS5's idf: ``log((N - n + 0.5) / (n + 0.5))``, at least a millionth."""
+        return math.log((rows - frequency + 0.5) / (frequency + 0.5) + 1.0) if frequency else 0.0
+
+    def _window(self, lookup: ChunkFiles, chunk_id: str, chunk_file: str | None) -> list[list[str]]:
+        """The token lists of the chunk and its neighbours (``[]`` when its file cannot be read)."""
+        if chunk_file is None:
+            return []
+        lookup.remember(chunk_id, chunk_file)
+        span = lookup(chunk_id)
+        if span is None:
+            return []
+        members = [chunk_id]
+        before: ChunkSpan | None = span
+        after: ChunkSpan | None = span
+        for _ in range(self.window):
+            before = lookup(before.prev_id) if before is not None and before.prev_id else None
+            after = lookup(after.next_id) if after is not None and after.next_id else None
+            members += [s.chunk_id for s in (before, after) if s is not None]
+        out = []
+        for member in members:
+            record = self.read(lookup.paths[member]) if member in lookup.paths else None
+            if record is not None:
+                out.append(self._chunk_tokens(member, record))
+        return out
+
+
+def _bm25(
+    terms: Sequence[tuple[tuple[str, ...], float]], texts: Sequence[list[str]], average: float
+) -> float:
+    """Okapi BM25 of the query ``terms`` (token phrase, idf) over ``texts`` read as one text."""
+    length = sum(len(t) for t in texts)
+    norm = K1 * (1.0 - B + B * length / average) if average > 0 else K1
+    score = 0.0
+    for phrase, idf in terms:
+        tf = sum(_occurrences(phrase, tokens) for tokens in texts)
+        if tf:
+            score += idf * tf * (K1 + 1.0) / (tf + norm)
+    return score
+
+
+def _occurrences(phrase: tuple[str, ...], tokens: list[str]) -> int:
+    """How often ``phrase`` occurs in ``tokens`` as adjacent tokens (overlapping runs count)."""
+    if len(phrase) == 1:
+        return tokens.count(phrase[0])
+    first, size = phrase[0], len(phrase)
+    return sum(1 for i, tok in enumerate(tokens) if tok == first and tuple(tokens[i : i + size]) == phrase)
+
+
+def window_scorer(
+    db: Any, meta: dict[str, str], out: Path, read: Reader, window: int | None
+) -> WindowScorer | None:
+    """The scorer ``search`` uses over the open store ``db``: an index built with the CJK
+    analyzer in the SQLite store gets ``WINDOW`` (or ``window``) neighbours a side; any other
+    index (or ``window`` 0) ranks BM25 over each chunk alone (``None``)."""
+    from pipeline.index.analyzers import analysis, base_of
+    from pipeline.index.cjk import BIGRAMS
+
+    name = meta.get("analyzer", "")
+    size = WINDOW if window is None else window
+    if size <= 0 or db.kind != "sqlite-vec" or not name.endswith(BIGRAMS):
+        return None
+    found = analysis(name, base_of(name) + "+cjk-chars")
+    if found is None:
+        return None
+    return WindowScorer(Path(db.path), out, found, read, size)

@@ -1,0 +1,87 @@
+"""BM25 over a chunk and its neighbours, and the passage budget, for CJK indexes (issue 33).
+
+Real components: corpora written here, ``chunkyard ingest``, the SQLite index (FTS5, sqlite-vec)
+with the default ONNX embedder, ``Searcher``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from index_support import run_ingest
+
+from pipeline.index.expand import DEFAULT_BUDGET
+from pipeline.index.language import CJK_PASSAGE_TOKENS
+from pipeline.index.query import Searcher
+from pipeline.index.sync import index
+from pipeline.index.windows import _bm25, _occurrences
+
+pytest.importorskip("sqlite_vec")
+
+FILLER = "这是一段用来占位的说明文字，它描述了天气、城市和河流，与问题无关。" * 4
+ZH = {
+    # the question's two halves in two adjacent sections (two chunks) of one document
+    "rnn.md": f"# 循环网络\n\n## 门控\n\n遗忘门控制记忆的保留。{FILLER}\n\n## 单元\n\n{FILLER}候选单元负责写入新信息。\n",
+    # one half, repeated, in a short document: BM25 over each chunk alone ranks it first
+    "memory.md": "# 记忆\n\n候选单元，候选单元。\n",
+    "other.md": f"# 其他\n\n{FILLER}\n",
+}
+EN = {
+    "gates.md": "# Gates\n\nThe forget gate decides what to keep.\n\n## Cells\n\nThe candidate cell writes new data.\n",
+    "memory.md": "# Memory\n\nA candidate cell, a candidate cell.\n",
+}
+
+
+def _indexed(docs: dict[str, str], root: Path) -> Path:
+    corpus, out = root / "corpus", root / "chunks"
+    corpus.mkdir(parents=True)
+    for name, text in docs.items():
+        (corpus / name).write_text(text, encoding="utf-8")
+    run_ingest(corpus, out)
+    index(out, embedder="default")
+    return out
+
+
+@pytest.fixture(scope="module")
+def zh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _indexed(ZH, tmp_path_factory.mktemp("zh"))
+
+
+def test_a_question_split_over_adjacent_chunks_is_found_by_its_window(zh: Path) -> None:
+    question = "遗忘门和候选单元"
+    with Searcher(zh, expand_tokens=0, bm25_window=0) as alone, Searcher(zh, expand_tokens=0) as windowed:
+        chunks = [(h["file"], h["offsets"]["start"]) for h in alone(question, "bm25", 5)]
+        assert len({start for file, start in chunks if file == "rnn.md"}) == 2  # the premise: two chunks
+        assert chunks[0][0] == "memory.md"  # each chunk alone: the repeated half wins
+        first = windowed(question, "bm25", 5)[0]
+        assert (first["file"], first["offsets"]["start"]) in chunks and first["file"] == "rnn.md"
+        assert "遗忘门" in first["text"]  # the window's own chunk, not its neighbour's text
+
+
+def test_the_passage_budget_and_the_windows_follow_the_language(zh: Path, tmp_path: Path) -> None:
+    with Searcher(zh) as searcher:
+        assert searcher.expand_tokens == CJK_PASSAGE_TOKENS
+        assert searcher.record("候选单元", 3)["expand_tokens"] == CJK_PASSAGE_TOKENS
+    with Searcher(zh, expand_tokens=300) as searcher:
+        assert searcher.expand_tokens == 300  # asked for: kept
+    en = _indexed(EN, tmp_path / "en")
+    with Searcher(en) as searcher, Searcher(en, bm25_window=3) as asked:
+        assert searcher.expand_tokens == DEFAULT_BUDGET
+        question = "forget gate and candidate cell"
+        # no windows on an English index, asked for or not: BM25 over each chunk, as before
+        assert [h["score_raw"] for h in searcher(question, "bm25", 5)] == [
+            h["score_raw"] for h in asked(question, "bm25", 5)
+        ]
+
+
+def test_window_bm25_counts_terms_and_phrases_over_the_texts_as_one() -> None:
+    assert _occurrences(("ab",), ["ab", "x", "ab"]) == 2
+    assert _occurrences(("a", "b"), ["a", "b", "a", "b", "b"]) == 2
+    assert _occurrences(("a", "a"), ["a", "a", "a"]) == 2  # overlapping runs count
+    terms = [(("遗忘",), 2.0), (("单元",), 1.0)]
+    apart = _bm25(terms, [["遗忘", "x"]], 2.0) + _bm25(terms, [["单元", "y"]], 2.0)
+    together = _bm25(terms, [["遗忘", "x"], ["单元", "y"]], 4.0)
+    assert together > max(_bm25(terms, [["遗忘", "x"]], 2.0), _bm25(terms, [["单元", "y"]], 2.0))
+    assert together == pytest.approx(apart)  # same term counts, same length relative to the average
+    assert _bm25(terms, [["z"]], 1.0) == 0.0
