@@ -26,6 +26,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -251,9 +252,9 @@ def test_watch_killed_mid_burst(tmp_path: Path) -> None:
                 return "done"
             return "flight"
 
-        landed = stop_in_flight(proc, rng, where, group=True, first=0.3, step=0.05, tally=tally)
+        landed = stop_in_flight(proc, rng, where, group=True, first=0.3, step=0.05, tally=tally, exits=False)
         if not landed:  # the burst was synced whole before the moment: stop watch, try again
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # watch and any worker it has
             proc.wait()
         proc.stdout.close()
         if landed:
