@@ -43,16 +43,12 @@ def record_problem(record: Any) -> str | None:
     """What makes a parsed chunk file unusable (its first field off the chunk schema), or ``None``."""
     if not isinstance(record, dict):
         return f"not a JSON object but {type(record).__name__}"
-    from pipeline.run.emit import fast_validator
+    from pipeline.run.emit import fast_validator, schema_errors
 
-    validator = fast_validator()
-    if validator.is_valid(record):
+    if fast_validator().is_valid(record):
         return None
-    error = next(iter(validator.iter_errors(record)), None)
-    if error is None:
-        return "does not match schemas/chunk.schema.json"
-    field = "/".join(map(str, error.instance_path)) or "(record)"
-    return f"field {field}: {str(error.message)[:200]}"
+    field, message = next(schema_errors(record))  # validate's own wording of the first error
+    return f"field {field}: {message[:200]}"
 
 
 def read_checked(out: Path, file: str) -> ChunkRecord:

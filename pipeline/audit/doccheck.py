@@ -7,7 +7,6 @@ process pool; what spans documents (unique ids, stale files, redirects) is check
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,10 @@ from pipeline.audit.chunk_state import doc_name_of
 from pipeline.audit.problems import STATE_DB_FILE, Problem
 from pipeline.errors import PipelineError
 from pipeline.models import Policy, SourceDoc
-from pipeline.run.emit import fast_validator, stable_view, validator
+from pipeline.run.emit import fast_validator, schema_errors, stable_view
 from pipeline.stages.mint import chunk_file, text_rev
 from pipeline.stages.normalize import normalize
 from pipeline.stages.parse import Lines
-
-_SCHEMA_ERRORS_PER_FILE = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,12 +347,3 @@ def _first_difference(got: str, want: str) -> str:
         f"differs from the source slice at char {n}: the file has {got[n : n + 30]!r}, "
         f"the source {want[n : n + 30]!r} (lengths {len(got)} / {len(want)})"
     )
-
-
-def schema_errors(rec: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(field path, message) of the first schema errors, from the reference validator."""
-    errors = sorted(validator().iter_errors(rec), key=lambda e: list(map(str, e.absolute_path)))
-    if not errors:  # the two validators disagree: say so rather than pass the file
-        yield "(record)", "jsonschema-rs rejects the record but python-jsonschema accepts it"
-    for error in errors[:_SCHEMA_ERRORS_PER_FILE]:
-        yield ".".join(map(str, error.absolute_path)) or "(record)", error.message[:300]

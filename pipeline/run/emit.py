@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -293,3 +293,16 @@ def _unlink_all(temps: Iterable[tuple[int, str, str]]) -> None:
     for folder, tmp, _ in temps:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=folder)
+
+
+#: Schema errors ``schema_errors`` gives for one record (validate lists them per file).
+SCHEMA_ERRORS_SHOWN = 5
+
+
+def schema_errors(rec: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(field path, message) of the first schema errors, from the reference validator."""
+    errors = sorted(validator().iter_errors(rec), key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:  # the two validators disagree: say so rather than pass the file
+        yield "(record)", "jsonschema-rs rejects the record but python-jsonschema accepts it"
+    for error in errors[:SCHEMA_ERRORS_SHOWN]:
+        yield ".".join(map(str, error.absolute_path)) or "(record)", error.message[:300]
