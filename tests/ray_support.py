@@ -215,6 +215,25 @@ class LoopbackCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
+    def freeze_mid_task(self, raylet: int) -> bool:
+        """SIGSTOP every worker of that raylet; True when one of them is frozen inside a task.
+
+        A worker seen busy may finish its task before a kill lands, and then nothing is
+        left to retry. A frozen worker cannot report its result, so a task still in its
+        title after the freeze is one the node's death must make Ray run again. When none
+        is, the workers are resumed and False says to look again.
+        """
+        workers = [pid for pid in _pids() if _ppid(pid) == raylet]
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        if self.busy_workers(raylet):
+            return True
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        return False
+
     def driver_log(self) -> str:
         """What Ray's core logged in the drivers that ran on the head (task retries among it)."""
         logs = sorted((self.temp / "head").glob("session_*/logs/python-core-driver-*.log"))

@@ -171,7 +171,7 @@ def test_a_node_killed_mid_run_changes_nothing(corpora_dir: Path, tmp_path: Path
         run = c.start(c.chunkyard(*args))
         # the moment: the first batch is folded in (the feed has lines) and the node runs a task
         wait_for(lambda: bool(feed_lines(killed)), run, "the first results came in")
-        wait_for(lambda: bool(c.busy_workers(raylet)), run, "the second node ran a task")
+        wait_for(lambda: c.freeze_mid_task(raylet), run, "the second node was caught inside a task")
         c.kill_node(raylet)
         lines_at_kill = len(feed_lines(killed))
         out, err = run.communicate(timeout=300)
