@@ -27,7 +27,7 @@ import usearch  # noqa: F401
 from index_support import copy_sample, fresh_copy, run_ingest
 
 from pipeline.errors import UsageError
-from pipeline.index import Searcher, ann, ann_journal, bm25_tantivy, index
+from pipeline.index import Searcher, ann, ann_journal, ann_vectors, bm25_tantivy, index
 from pipeline.index.analyzer import query_terms
 from pipeline.index.fts_tokens import Fts5Tokens
 from pipeline.index.scale import SCALE_ENV
@@ -365,6 +365,71 @@ def _stored_keys(store: Path) -> set[int]:
     return {int(k) for k in keys}
 
 
+def _vectors_file_is_the_stores(store: Path) -> int:
+    """The graph's vectors file holds, for every key it answers for (the graph's, less what
+    the journal hides), exactly the store's float32 bytes; returns how many it answers for."""
+    graph = ann.HnswIndex(store, 384)
+    state = graph.state()
+    assert state["vectors"] and (store.parent / state["vectors"]).is_file(), state
+    reader = StoreReader(store)
+    try:
+        keys, matrix = reader.vectors(384)
+    finally:
+        reader.close()
+    stored = {int(k): row.tobytes() for k, row in zip(keys, matrix, strict=True)}
+    try:
+        answered = graph.exact(sorted(stored))
+    finally:
+        graph.close()
+    hidden = graph._journal(state).hidden
+    assert answered and all(answered[k] == stored[k] for k in answered)
+    assert not set(answered) & hidden
+    return len(answered)
+
+
+def test_the_searcher_reads_candidates_vectors_beside_the_graph_and_maps_no_store_page(
+    fresh: tuple[Path, Path],
+) -> None:
+    """The exact vectors come from the graph's vectors file (the store's bytes, copied), so
+    the searcher maps nothing of the store (mapped pages touched stay in its RSS); an index
+    saved without that file answers from the store meanwhile and gets one from the next run."""
+    corpus, out = fresh
+    store = _store(out)
+    assert _vectors_file_is_the_stores(store) == len(_stored_keys(store))
+    with Searcher(out, expand_tokens=0) as ask:
+        assert ask._scale is not None
+        vector = ask.embedder.embed(["overlap between pieces"])[0]
+        with_file = ask._scale.dense(vector, 10)
+        assert with_file and not ask._scale.stale
+        maps = Path("/proc/self/maps")
+        mapped = (
+            {line.split(None, 5)[-1] for line in maps.read_text().splitlines()} if maps.exists() else set()
+        )
+        assert str(store) not in mapped  # the graph is (its own file); the store's pages are not
+    # as an older index left it: no vectors file named
+    state = ann.HnswIndex(store, 384).state()
+    (store.parent / state["vectors"]).unlink()
+    ann.HnswIndex(store, 384)._write_state({**state, "vectors": ""})
+    with Searcher(out, expand_tokens=0) as ask:
+        assert ask._scale is not None
+        assert ask._scale.dense(vector, 10) == with_file  # from the store: the same scores
+    index(out)  # nothing to commit: the run gives the graph its vectors file
+    assert _vectors_file_is_the_stores(store) == len(_stored_keys(store))
+    _edit(corpus, out, "A zanzibarian paragraph about quokkas and chunk overlap.")
+    answered = _vectors_file_is_the_stores(store)  # the journal's keys: from the store
+    assert answered < len(_stored_keys(store))
+    with Searcher(out, expand_tokens=0) as ask:
+        assert ask._scale is not None
+        db = open_store(out)
+        try:
+            quokkas = ask.embedder.embed(["quokkas and chunk overlap"])[0]
+            _found_as_exact_scores_them(
+                ask._scale.dense(quokkas, 10) or [], dict(db.dense(quokkas, 1000)), "q"
+            )
+        finally:
+            db.close()
+
+
 def _edit(corpus: Path, out: Path, text: str) -> None:
     doc = corpus / "getting-started.md"
     doc.write_text(doc.read_text() + f"\n\n{text}\n")
@@ -416,7 +481,10 @@ def test_edits_go_to_the_graphs_journal_and_a_compaction_folds_them_in(
     state = ann.HnswIndex(store, 384).state()
     assert state["file"] != kept and state["journal_bytes"] == 0
     assert not (store.parent / kept).exists()
+    assert not (store.parent / (kept + ann_vectors.SUFFIX)).exists()
     assert ann.HnswIndex(store, 384).keys() == _stored_keys(store)
+    # the compaction merged the journal into a new vectors file: every key, the store's bytes
+    assert _vectors_file_is_the_stores(store) == len(_stored_keys(store))
 
 
 def test_a_killed_journal_append_leaves_the_previous_index_and_is_cut_by_the_next_run(

@@ -9,7 +9,10 @@ store stays the truth, and this index is derived from it:
   (a quarter of float32); the candidates are then scored again with the stored float32
   vectors and vec0's own cosine, so the scores (and the order of what is found) equal
   exact search's; only what is *not* found differs (recall, measured in
-  ``docs/benchmarks.md``).
+  ``docs/benchmarks.md``). Those float32 vectors are read from a copy beside the graph
+  (``pipeline.index.ann_vectors``, one ``pread`` each: nothing of the store is mapped into
+  the searcher), written with each graph file; a graph without one (an older index) gets it
+  from the next ``chunkyard index`` and meanwhile reads them from the store.
 - **Updates** follow the feed without rewriting the graph: a run's removed keys (the rows it
   replaced or deleted) and added vectors are appended to the graph's journal
   (``pipeline.index.ann_journal``), synced, and only then is ``<store>.hnsw.json`` (the
@@ -36,7 +39,7 @@ import numpy as np
 import orjson
 
 from pipeline.errors import UsageError
-from pipeline.index import ann_journal
+from pipeline.index import ann_journal, ann_vectors
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -77,6 +80,8 @@ class HnswIndex:
         self._view_file: str | None = None
         self._delta: ann_journal.Delta | None = None
         self._delta_at: tuple[str, int] | None = None
+        self._exact: ann_vectors.ExactVectors | None = None
+        self._exact_file: str | None = None
 
     # --- state ----------------------------------------------------------------------------
 
@@ -154,6 +159,26 @@ class HnswIndex:
             found += live[:k]
         return [key for key, _ in sorted(found, key=lambda hit: hit[1])]
 
+    def exact(self, keys: list[int]) -> dict[int, bytes]:
+        """The stored float32 bytes of those of ``keys`` the graph's vectors file answers for
+        (not those the journal hides: a removed key or a rowid given again); the others'
+        are the store's to read."""
+        state = self.state()
+        name = str(state.get("vectors", ""))
+        if not name or not (self.store_path.parent / name).is_file():
+            return {}
+        if self._exact is None or self._exact_file != name:
+            self.close_exact()
+            self._exact = ann_vectors.ExactVectors(self.store_path.parent / name)
+            self._exact_file = name
+        hidden = self._journal(state).hidden
+        return self._exact.read([key for key in keys if key not in hidden])
+
+    def close_exact(self) -> None:
+        if self._exact is not None:
+            self._exact.close()
+        self._exact, self._exact_file = None, None
+
     def keys(self) -> set[int]:
         """Every live key: the graph's, less those the journal hides, plus those it adds."""
         state = self.state()
@@ -213,7 +238,15 @@ class HnswIndex:
         if delta.added:
             new_keys = np.fromiter(delta.added, dtype=np.uint64, count=len(delta.added))
             graph.add(new_keys, np.stack([delta.added[int(k)] for k in new_keys]), threads=0)
-        self._publish(graph, generation, removed=dropped)
+        name = self._file_name(generation)
+        exact_file = ""
+        if state.get("vectors") and (self.store_path.parent / str(state["vectors"])).is_file():
+            exact_file = name + ann_vectors.SUFFIX
+            ann_vectors.merge(
+                self.store_path.parent / str(state["vectors"]), self.store_path.parent / exact_file,
+                delta.hidden, delta.added, self.dim,
+            )  # fmt: skip
+        self._publish(graph, generation, removed=dropped, vectors=exact_file)
 
     def rebuild(
         self, keys: npt.NDArray[np.uint64], vectors: npt.NDArray[np.float32], generation: str
@@ -223,12 +256,29 @@ class HnswIndex:
         graph = self._new()
         if len(keys):
             graph.add(keys, vectors, threads=0)
-        self._publish(graph, generation)
+        name = self._file_name(generation) + ann_vectors.SUFFIX
+        ann_vectors.write(self.store_path.parent / name, keys, vectors)
+        self._publish(graph, generation, vectors=name)
 
-    def _publish(self, graph: Any, generation: str, removed: int = 0) -> None:
-        """Save ``graph`` to the generation's file and name it in the state (journal empty)."""
+    def attach_vectors(self, keys: npt.NDArray[np.uint64], vectors: npt.NDArray[np.float32]) -> None:
+        """Give a graph saved without its vectors file (an older index) one: ``keys`` and
+        ``vectors`` are every stored row's (the journal's keys among them do no harm: a
+        reader does not ask the file for a key the journal hides)."""
+        state = self.state()
+        if not state or state.get("vectors"):
+            return
+        name = str(state["file"]) + ann_vectors.SUFFIX
+        ann_vectors.write(self.store_path.parent / name, keys, vectors)
+        self._write_state({**state, "vectors": name})
+
+    def _file_name(self, generation: str) -> str:
+        return f"{self.store_path.name}.hnsw-{generation.replace(':', '-')}"  # no colon: Windows
+
+    def _publish(self, graph: Any, generation: str, removed: int = 0, vectors: str = "") -> None:
+        """Save ``graph`` to the generation's file and name it in the state (journal empty),
+        with its vectors file (``vectors``, already written; empty: none)."""
         old = self.state()
-        name = f"{self.store_path.name}.hnsw-{generation.replace(':', '-')}"  # no colon: Windows
+        name = self._file_name(generation)
         path = self.store_path.parent / name
         tmp = path.with_name(name + ".tmp")
         graph.save(str(tmp))
@@ -238,11 +288,12 @@ class HnswIndex:
         (path.parent / (name + ".journal")).unlink(missing_ok=True)  # a killed run's, past no state
         self._write_state(
             {"file": name, "generation": generation, "count": len(graph), "dtype": DTYPE, "removed": removed,
-             "journal": "", "journal_bytes": 0, "journal_keys": 0}
+             "journal": "", "journal_bytes": 0, "journal_keys": 0, "vectors": vectors}
         )  # fmt: skip
         self._view = None
-        for leftover in (old.get("file"), old.get("journal")):
-            if leftover and leftover != name:
+        self.close_exact()
+        for leftover in (old.get("file"), old.get("journal"), old.get("vectors")):
+            if leftover and leftover not in (name, vectors):
                 (self.store_path.parent / str(leftover)).unlink(missing_ok=True)
 
     def _write_state(self, state: dict[str, Any]) -> None:
@@ -255,11 +306,13 @@ class HnswIndex:
 
     def remove(self) -> None:
         """Delete the graph and its state."""
+        self.close_exact()
         remove(self.store_path)
         self._view = None
 
     def close(self) -> None:
         self._view = None
+        self.close_exact()
 
 
 def remove(store_path: Path) -> None:
@@ -271,5 +324,5 @@ def remove(store_path: Path) -> None:
         name = ""
     target.unlink(missing_ok=True)
     if name:
-        (store_path.parent / name).unlink(missing_ok=True)
-        (store_path.parent / (name + ".journal")).unlink(missing_ok=True)
+        for suffix in ("", ".journal", ann_vectors.SUFFIX):
+            (store_path.parent / (name + suffix)).unlink(missing_ok=True)

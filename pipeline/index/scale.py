@@ -44,8 +44,6 @@ ANN_MIN_CHUNKS = 100_000
 #: again with the stored float32 vectors and cut at k (more did not raise recall: the
 #: search's ``ef`` does).
 ANN_OVERFETCH = 1
-#: SQLite's memory map for the dense side's reader (its upper limit by default).
-MMAP_BYTES = 2_147_418_112
 
 
 def scale_mode() -> str:
@@ -250,6 +248,8 @@ class ScaleSync:
         graph = ann.HnswIndex(self.store_path, self.dim)
         have = graph.generation()
         if current is not None and have == current:
+            if not graph.state().get("vectors"):  # an index saved before graphs had vectors files
+                graph.attach_vectors(*reader.vectors(self.dim))
             return
         started = time.perf_counter()
         if previous is not None and have == previous and not graph.worn():
@@ -290,10 +290,9 @@ class ScaleSearch:
         from pipeline.index import ann, bm25_tantivy
 
         self.store_path = Path(store_path)
-        self.reader = StoreReader(self.store_path)  # dense's; BM25 may run in another thread:
-        # the candidates' float32 vectors are read from vec0's blocks: mapped, a read is a
-        # memory access instead of a walk of the block's overflow pages through read calls
-        self.reader.conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+        # dense's; BM25 may run in another thread. Not memory-mapped: the candidates' vectors
+        # come from the graph's vectors file, and a mapped store's pages would stay resident
+        self.reader = StoreReader(self.store_path)
         self.lexical_reader = StoreReader(self.store_path)  # apsw connections are not shared across threads
         self.stale: set[str] = set()
         folder = bm25_tantivy.folder_for(self.store_path)
@@ -326,7 +325,10 @@ class ScaleSearch:
         except StoreError:  # a journal the state does not describe: the store answers
             self.stale.add("ann")
             return None
-        return best_first(self.reader.cosine(keys, vector), k)
+        exact = self._ann.exact(keys)
+        scored = self.reader.cosine_of(exact, vector)
+        rest = [key for key in keys if key not in exact]  # journalled keys: read from the store
+        return best_first(scored + (self.reader.cosine(rest, vector) if rest else []), k)
 
     def warnings(self) -> list[str]:
         """What the last query's ``stale`` means for the user (and ``stale`` cleared)."""

@@ -106,6 +106,21 @@ class StoreReader:
             return self._cosine_through_vec0(rowids, raw)
         return hits
 
+    def cosine_of(self, vectors: Mapping[int, bytes], vector: Vector) -> list[tuple[str, float]]:
+        """``(chunk_id, cosine similarity)`` of the rows whose stored float32 bytes are given
+        (``vectors``: rowid to bytes, read beside the store), by vec0's own function as
+        ``cosine`` computes it; rows no longer in the store are left out."""
+        if not vectors:
+            return []
+        raw = np.asarray(vector, dtype=np.float32).tobytes()
+        ids = self.ids(list(vectors))
+        hits: list[tuple[str, float]] = []
+        for rowid, stored in vectors.items():
+            if rowid in ids:
+                for (dist,) in self.conn.execute("SELECT vec_distance_cosine(?, ?)", (stored, raw)):
+                    hits.append((ids[rowid], 1.0 - float(dist)))
+        return hits
+
     def _cosine_through_vec0(self, rowids: Sequence[int], raw: bytes) -> list[tuple[str, float]]:
         hits: list[tuple[str, float]] = []
         for part in _parts(list(rowids)):
