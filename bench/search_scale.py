@@ -56,6 +56,9 @@ GOLD_SETS = {"rust-book": "rust-book.jsonl", "fastapi-en": "fastapi-en.jsonl", "
 MAX_BYTES = {"powershell-docs": 1_000_000}
 DEFAULT_MAX_BYTES = 1_600_000
 MODES = ("bm25", "dense", "hybrid")
+#: The gold sets whose questions time the searches (400 questions; later sets are left out so
+#: that the figures stay comparable from run to run)
+LATENCY_SETS = ("d2l-zh", "fastapi-en", "fastapi-zh-ja", "powershell-docs", "rust-book")
 NOISE = 0.02  #: per-dimension standard deviation of a copy's noise (unit vectors of 384 dims)
 CHANGED_WORDS = 3
 NOISE_BATCH = 10_000
@@ -295,6 +298,7 @@ def probe(spec_path: Path) -> None:
     result["rss_anon_mb"] = round(_rss_mb("RssAnon"), 1)
     result["rss_file_mb"] = round(_rss_mb("RssFile"), 1)
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    result["rss_by_mapping_mb"] = _rss_by_mapping(Path(spec["store"]))
     ask.close()
     print(json.dumps(result))
 
@@ -306,6 +310,34 @@ def _rss_mb(field: str = "VmRSS") -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _rss_by_mapping(store: Path) -> dict[str, float]:
+    """The resident memory split by what is mapped (``/proc/self/smaps``): the HNSW graph, its
+    vectors file, Tantivy's segments, the store, other files (libraries, the model), anonymous."""
+    sizes: dict[str, float] = {}
+    where = "anonymous"
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            path = head[5] if len(head) > 5 else ""
+            if not path.startswith("/"):
+                where = "anonymous"
+            elif ".hnsw-" in path:
+                where = "hnsw vectors file" if path.endswith(".f32") else "hnsw graph"
+            elif ".tantivy" in path or "tantivy" in Path(path).parent.name:
+                where = "tantivy"
+            elif path.startswith(str(store)):
+                where = "store"
+            else:
+                where = "other files"
+        elif line.startswith("Rss:"):
+            sizes[where] = sizes.get(where, 0.0) + int(head[1]) / 1024
+    return {k: round(v, 1) for k, v in sorted(sizes.items())}
 
 
 def run_probe(scratch: Path, out: Path, store: Path, questions: list[str], modes: Sequence[str],
@@ -363,8 +395,8 @@ def measure_size(
         row["store_build_s"] = round(build_store(store, gold, originals, vectors, size, args.seed, config), 1)
         row |= build_scale(store)
     sets = {name: load_gold(GOLD / GOLD_SETS[name], part) for name, (part, _) in corpora.items()}
-    every = [json.loads(line)["question"] for g in sorted(GOLD.glob("*.jsonl"))
-             for line in g.read_text().splitlines() if line.strip()]
+    every = [json.loads(line)["question"] for g in sorted(GOLD / f"{name}.jsonl" for name in LATENCY_SETS)
+             for line in g.read_text().splitlines() if line.strip() and not line.startswith("#")]
     questions = every[: args.queries] if args.queries else every
     asked = list(dict.fromkeys(questions + [q.question for qs in sets.values() for q in qs]))
     runs_of = {side: scratch / f"runs-{size}-{side}.json" for side in ("scale", "exact")}
