@@ -243,10 +243,15 @@ def build_scale(path: Path) -> dict[str, float]:
     taken: dict[str, float] = {}
     os.environ[SCALE_ENV] = "on"
     sync = ScaleSync(path, int(meta["dim"]))
-    if bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(path)).generation() != stamp(meta):
+    graph = ann.HnswIndex(path, int(meta["dim"]))
+    lexical_current = bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(path)).generation() == stamp(meta)
+    graph_current = graph.generation() == stamp(meta) and bool(graph.state().get("vectors"))
+    if not (lexical_current and graph_current):  # a kept store: only what is missing is built
         started = time.perf_counter()
-        bm25_tantivy.remove(bm25_tantivy.folder_for(path))
-        ann.HnswIndex(path, int(meta["dim"])).remove()
+        if not lexical_current:
+            bm25_tantivy.remove(bm25_tantivy.folder_for(path))
+        if graph.generation() != stamp(meta):
+            graph.remove()
         sync.settle(meta)
         taken["scale_build_s"] = round(time.perf_counter() - started, 1)
         taken |= {f"{name}_s": round(s, 1) for name, s in sync.seconds.items()}
