@@ -13,7 +13,11 @@ ONNX model in several configurations and prints texts/s for each:
 Each configuration loads its session before the clock starts. Run it under ``nice`` and
 quote the load: on a shared machine only ratios from one run mean anything.
 
-Usage: ``python bench/embed_sessions.py [--texts 600] [--cores 2]``.
+With ``--batches 8 16 32 --rounds 3`` it times only those batch sizes (one session of
+``cores`` threads, sorted), alternating them round after round in one process, and prints
+each round and the medians: close configurations need several alternated runs to rank.
+
+Usage: ``python bench/embed_sessions.py [--texts 600] [--cores 2] [--batches N ... --rounds R]``.
 """
 
 from __future__ import annotations
@@ -90,12 +94,33 @@ def several(texts: list[str], processes: int, threads: int, batch: int) -> float
     return max(e for _, e in spans) - min(s for s, _ in spans)
 
 
+def alternate(texts: list[str], cores: int, batches: list[int], rounds: int) -> int:
+    """Each batch size once per round, in turn (the order rotates each round); medians at the end."""
+    import statistics
+
+    shuffled = texts[:]
+    random.Random(0).shuffle(shuffled)
+    seen: dict[int, list[float]] = {b: [] for b in batches}
+    for r in range(rounds):
+        for batch in batches[r % len(batches) :] + batches[: r % len(batches)]:
+            rate = len(texts) / _embed(shuffled, cores, batch, True)
+            seen[batch].append(rate)
+            print(json.dumps({"round": r, "batch": batch, "texts_per_s": round(rate, 1)}), flush=True)
+    medians = {b: round(statistics.median(v), 1) for b, v in seen.items()}
+    print(json.dumps({"texts": len(texts), "cores": cores, "median_texts_per_s": medians}), flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--texts", type=int, default=600)
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", help="only these batch sizes, alternated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --batches")
     args = parser.parse_args()
     texts = texts_of(args.texts)
+    if args.batches:
+        return alternate(texts, args.cores, args.batches, args.rounds)
     shuffled = texts[:]
     random.Random(0).shuffle(shuffled)
     n, cores = len(texts), args.cores
