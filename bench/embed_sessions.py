@@ -101,13 +101,38 @@ def alternate(texts: list[str], cores: int, batches: list[int], rounds: int) -> 
     shuffled = texts[:]
     random.Random(0).shuffle(shuffled)
     seen: dict[int, list[float]] = {b: [] for b in batches}
+    cpu_seen: dict[int, list[float]] = {b: [] for b in batches}
     for r in range(rounds):
         for batch in batches[r % len(batches) :] + batches[: r % len(batches)]:
+            cpu = time.process_time()
             rate = len(texts) / _embed(shuffled, cores, batch, True)
+            per_cpu_s = len(texts) / (time.process_time() - cpu)  # every thread's CPU (warm-up included)
             seen[batch].append(rate)
-            print(json.dumps({"round": r, "batch": batch, "texts_per_s": round(rate, 1)}), flush=True)
+            cpu_seen[batch].append(per_cpu_s)
+            print(
+                json.dumps(
+                    {
+                        "round": r,
+                        "batch": batch,
+                        "texts_per_s": round(rate, 1),
+                        "per_cpu_s": round(per_cpu_s, 1),
+                    }
+                ),
+                flush=True,
+            )
     medians = {b: round(statistics.median(v), 1) for b, v in seen.items()}
-    print(json.dumps({"texts": len(texts), "cores": cores, "median_texts_per_s": medians}), flush=True)
+    cpu_medians = {b: round(statistics.median(v), 1) for b, v in cpu_seen.items()}
+    print(
+        json.dumps(
+            {
+                "texts": len(texts),
+                "cores": cores,
+                "median_texts_per_s": medians,
+                "median_texts_per_cpu_s": cpu_medians,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
