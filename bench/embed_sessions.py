@@ -14,10 +14,12 @@ Each configuration loads its session before the clock starts. Run it under ``nic
 quote the load: on a shared machine only ratios from one run mean anything.
 
 With ``--batches 8 16 32 --rounds 3`` it times only those batch sizes (one session of
-``cores`` threads, sorted), alternating them round after round in one process, and prints
-each round and the medians: close configurations need several alternated runs to rank.
+``cores`` threads; ``cores`` single-thread sessions in this process, the default; with
+``--split`` also in as many processes; sorted),
+alternating them round after round, and prints each round and the medians: close
+configurations need several alternated runs to rank.
 
-Usage: ``python bench/embed_sessions.py [--texts 600] [--cores 2] [--batches N ... --rounds R]``.
+Usage: ``python bench/embed_sessions.py [--texts 600] [--cores 2] [--batches N ... --rounds R [--split]]``.
 """
 
 from __future__ import annotations
@@ -52,12 +54,12 @@ def texts_of(count: int) -> list[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _embed(texts: list[str], threads: int, batch: int, bucket: bool) -> float:
+def _embed(texts: list[str], threads: int, batch: int, bucket: bool, parallel: bool = False) -> float:
     """Seconds to embed ``texts`` with one session of ``threads`` (loaded before the clock)."""
     from pipeline.index.embed_onnx import OnnxEmbedder
 
-    embedder = OnnxEmbedder(threads=threads, batch_size=batch)
-    embedder.embed(["warm up"])
+    embedder = OnnxEmbedder(threads=threads, batch_size=batch, parallel=parallel)
+    embedder.embed(["warm up"] * (batch * threads if parallel else 1))  # every session it uses loaded
     started = time.perf_counter()
     if bucket:
         embedder.embed(texts)  # sorted by length inside, cut into batches of ``batch``
@@ -94,45 +96,30 @@ def several(texts: list[str], processes: int, threads: int, batch: int) -> float
     return max(e for _, e in spans) - min(s for s, _ in spans)
 
 
-def alternate(texts: list[str], cores: int, batches: list[int], rounds: int) -> int:
-    """Each batch size once per round, in turn (the order rotates each round); medians at the end."""
+def alternate(texts: list[str], cores: int, batches: list[int], rounds: int, split: bool) -> int:
+    """Each configuration once per round, in turn (the order rotates each round); medians at
+    the end. A configuration is a batch size for one session of ``cores`` threads, for
+    ``cores`` single-thread sessions side by side in this process (``OnnxEmbedder``'s
+    default) and, with ``split``, for ``cores`` single-thread sessions in as many processes."""
     import statistics
 
     shuffled = texts[:]
     random.Random(0).shuffle(shuffled)
-    seen: dict[int, list[float]] = {b: [] for b in batches}
-    cpu_seen: dict[int, list[float]] = {b: [] for b in batches}
+    configs = [(f"1x{cores} batch {b}", 1, b) for b in batches]
+    configs += [(f"{cores} lanes batch {b}", 0, b) for b in batches]
+    if split:
+        configs += [(f"{cores}x1 batch {b}", cores, b) for b in batches]
+    seen: dict[str, list[float]] = {name: [] for name, _, _ in configs}
     for r in range(rounds):
-        for batch in batches[r % len(batches) :] + batches[: r % len(batches)]:
-            cpu = time.process_time()
-            rate = len(texts) / _embed(shuffled, cores, batch, True)
-            per_cpu_s = len(texts) / (time.process_time() - cpu)  # every thread's CPU (warm-up included)
-            seen[batch].append(rate)
-            cpu_seen[batch].append(per_cpu_s)
-            print(
-                json.dumps(
-                    {
-                        "round": r,
-                        "batch": batch,
-                        "texts_per_s": round(rate, 1),
-                        "per_cpu_s": round(per_cpu_s, 1),
-                    }
-                ),
-                flush=True,
-            )
-    medians = {b: round(statistics.median(v), 1) for b, v in seen.items()}
-    cpu_medians = {b: round(statistics.median(v), 1) for b, v in cpu_seen.items()}
-    print(
-        json.dumps(
-            {
-                "texts": len(texts),
-                "cores": cores,
-                "median_texts_per_s": medians,
-                "median_texts_per_cpu_s": cpu_medians,
-            }
-        ),
-        flush=True,
-    )
+        for name, processes, batch in configs[r % len(configs) :] + configs[: r % len(configs)]:
+            if processes <= 1:  # 0: the default, ``cores`` single-thread sessions in this process
+                rate = len(texts) / _embed(shuffled, cores, batch, True, parallel=processes == 0)
+            else:
+                rate = len(texts) / several(shuffled, processes, 1, batch)
+            seen[name].append(rate)
+            print(json.dumps({"round": r, "config": name, "texts_per_s": round(rate, 1)}), flush=True)
+    medians = {name: round(statistics.median(v), 1) for name, v in seen.items()}
+    print(json.dumps({"texts": len(texts), "median_texts_per_s": medians}), flush=True)
     return 0
 
 
@@ -142,10 +129,13 @@ def main() -> int:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", help="only these batch sizes, alternated")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --batches")
+    parser.add_argument(
+        "--split", action="store_true", help="with --batches: also CORES single-thread sessions"
+    )
     args = parser.parse_args()
     texts = texts_of(args.texts)
     if args.batches:
-        return alternate(texts, args.cores, args.batches, args.rounds)
+        return alternate(texts, args.cores, args.batches, args.rounds, args.split)
     shuffled = texts[:]
     random.Random(0).shuffle(shuffled)
     n, cores = len(texts), args.cores
