@@ -328,8 +328,8 @@ class SqliteStore:
         return found
 
     def _insert_fresh(self, rows: Sequence[tuple[ChunkRow, Vector]]) -> None:
-        """Rows the store does not hold yet, with their vectors: ``executemany`` in parts, no
-        per-row lookups or deletes (a new index writes every row this way; ``sqlite_rows``)."""
+        """Rows the store does not hold yet, with their vectors: three ``executemany`` in all,
+        no per-row lookups or deletes (a new index writes every row this way; ``sqlite_rows``)."""
         if not rows:
             return
         orphans = self._vector_ids([r.chunk_id for r, _ in rows])  # a drifted store: a vector without its row
