@@ -159,6 +159,31 @@ def test_ray_actors_build_the_local_index(cluster: LoopbackCluster, indexed: Pat
     assert code == 0 and again["embedded"] == 0 and again["embedded_on"] == {}  # nothing to do: no Ray
 
 
+def test_by_default_one_actor_takes_a_whole_node(indexed: Path, tmp_path: Path) -> None:
+    """A node of two CPUs gets one actor of two CPUs, not two of one (one model load; its
+    embedder runs a single-thread session per CPU), and the index is the local one."""
+    from ray_support import FENCES, HEAD_PORT
+
+    skip_without_namespaces()
+    out = copy_chunks(indexed, tmp_path / "chunks")
+    c = LoopbackCluster(nodes=0)  # the namespace only: a head of two CPUs started here
+    try:
+        fences = FENCES.replace("--num-cpus=1", "--num-cpus=2").split()
+        started = c.run(
+            [str(BIN / "ray"), "start", "--head", f"--port={HEAD_PORT}", *fences,
+             "--include-dashboard=false", f"--temp-dir={c.temp}/head"]
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr[-2000:]
+        code, got, stderr = ray_index(c, out, "--batch-size", "16")
+    finally:
+        c.close()
+    assert code == 0, stderr[-3000:]
+    where = got["embedded_on"]
+    assert where["actors"] == 1 and len(where["texts_by_node"]) == 1, where
+    assert got["embedded"] == got["chunks"] and where["batches"] > 1
+    assert_same_index(indexed / "local", out, local_report(indexed), got)
+
+
 # -- faults ---------------------------------------------------------------------------------
 
 
