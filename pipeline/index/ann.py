@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 STATE_SUFFIX = ".hnsw.json"
 CONNECTIVITY = 16  #: edges per node (usearch's M)
 EXPANSION_ADD = 128  #: candidate list while inserting (efConstruction)
-EXPANSION_SEARCH = 4096  #: candidate list while searching (ef): recall against latency (docs/benchmarks.md)
+EXPANSION_SEARCH = 8192  #: candidate list while searching (ef): recall against latency (docs/benchmarks.md)
 DTYPE = "i8"
 #: Keys removed since the last build, as a share of the graph, past which a run rebuilds it
 #: (removed nodes stay in the graph as tombstones that searches step over).
