@@ -149,17 +149,28 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
 
 
 def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Path) -> None:
-    from pipeline.index.language import CJK_DENSE, hybrid_weights
+    from pipeline.index import embed_e5
+    from pipeline.index.language import CJK_DENSE, CJK_DENSE_MULTILINGUAL, MULTILINGUAL, hybrid_weights
 
     bigrams = with_cjk(chars.ANALYZER, True)
+    assert embed_e5.E5_NAME in MULTILINGUAL
     assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, 1.0)
+    assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": embed_e5.E5_NAME}) == (1.0, 1.0)
     assert hybrid_weights({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, CJK_DENSE)
+    assert hybrid_weights({"analyzer": bigrams, "embed_model": embed_e5.E5_NAME}) == (1.0, CJK_DENSE_MULTILINGUAL)
     _, out = _copy(zh, tmp_path / "w")
     report = index(out)
-    assert report.embed_model == "onnx:all-MiniLM-L6-v2-int8"  # the default: e5 is an option
-    assert report.embedder_reason.startswith("the default, an English model, for a corpus in Chinese")
+    if embed_e5.available():  # the multilingual extra: a CJK corpus takes its model
+        assert report.embed_model == embed_e5.E5_NAME
+        assert report.embedder_reason.startswith("the multilingual model, for a corpus in Chinese")
+        weights = (1.0, CJK_DENSE_MULTILINGUAL)
+    else:  # without it, the default and the hint to install the extra
+        assert report.embed_model == "onnx:all-MiniLM-L6-v2-int8"
+        assert report.embedder_reason.startswith("the default, an English model, for a corpus in Chinese")
+        assert embed_e5.INSTALL_HINT in report.embedder_reason
+        weights = (1.0, CJK_DENSE)
     with Searcher(out) as searcher:
-        assert searcher.weights == (1.0, CJK_DENSE)
+        assert searcher.weights == weights
     with Searcher(out, weights=(1.0, 1.0)) as searcher:
         assert searcher.weights == (1.0, 1.0)  # asked for: kept
 
