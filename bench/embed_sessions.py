@@ -13,7 +13,13 @@ ONNX model in several configurations and prints texts/s for each:
 Each configuration loads its session before the clock starts. Run it under ``nice`` and
 quote the load: on a shared machine only ratios from one run mean anything.
 
-Usage: ``python bench/embed_sessions.py [--texts 600] [--cores 2]``.
+With ``--batches 8 16 32 --rounds 3`` it times only those batch sizes (one session of
+``cores`` threads; ``cores`` single-thread sessions in this process, the default; with
+``--split`` also in as many processes; sorted),
+alternating them round after round, and prints each round and the medians: close
+configurations need several alternated runs to rank.
+
+Usage: ``python bench/embed_sessions.py [--texts 600] [--cores 2] [--batches N ... --rounds R [--split]]``.
 """
 
 from __future__ import annotations
@@ -48,12 +54,12 @@ def texts_of(count: int) -> list[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _embed(texts: list[str], threads: int, batch: int, bucket: bool) -> float:
+def _embed(texts: list[str], threads: int, batch: int, bucket: bool, parallel: bool = False) -> float:
     """Seconds to embed ``texts`` with one session of ``threads`` (loaded before the clock)."""
     from pipeline.index.embed_onnx import OnnxEmbedder
 
-    embedder = OnnxEmbedder(threads=threads, batch_size=batch)
-    embedder.embed(["warm up"])
+    embedder = OnnxEmbedder(threads=threads, batch_size=batch, parallel=parallel)
+    embedder.embed(["warm up"] * (batch * threads if parallel else 1))  # every session it uses loaded
     started = time.perf_counter()
     if bucket:
         embedder.embed(texts)  # sorted by length inside, cut into batches of ``batch``
@@ -90,12 +96,46 @@ def several(texts: list[str], processes: int, threads: int, batch: int) -> float
     return max(e for _, e in spans) - min(s for s, _ in spans)
 
 
+def alternate(texts: list[str], cores: int, batches: list[int], rounds: int, split: bool) -> int:
+    """Each configuration once per round, in turn (the order rotates each round); medians at
+    the end. A configuration is a batch size for one session of ``cores`` threads, for
+    ``cores`` single-thread sessions side by side in this process (``OnnxEmbedder``'s
+    default) and, with ``split``, for ``cores`` single-thread sessions in as many processes."""
+    import statistics
+
+    shuffled = texts[:]
+    random.Random(0).shuffle(shuffled)
+    configs = [(f"1x{cores} batch {b}", 1, b) for b in batches]
+    configs += [(f"{cores} lanes batch {b}", 0, b) for b in batches]
+    if split:
+        configs += [(f"{cores}x1 batch {b}", cores, b) for b in batches]
+    seen: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    for r in range(rounds):
+        for name, processes, batch in configs[r % len(configs) :] + configs[: r % len(configs)]:
+            if processes <= 1:  # 0: the default, ``cores`` single-thread sessions in this process
+                rate = len(texts) / _embed(shuffled, cores, batch, True, parallel=processes == 0)
+            else:
+                rate = len(texts) / several(shuffled, processes, 1, batch)
+            seen[name].append(rate)
+            print(json.dumps({"round": r, "config": name, "texts_per_s": round(rate, 1)}), flush=True)
+    medians = {name: round(statistics.median(v), 1) for name, v in seen.items()}
+    print(json.dumps({"texts": len(texts), "median_texts_per_s": medians}), flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--texts", type=int, default=600)
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", help="only these batch sizes, alternated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --batches")
+    parser.add_argument(
+        "--split", action="store_true", help="with --batches: also CORES single-thread sessions"
+    )
     args = parser.parse_args()
     texts = texts_of(args.texts)
+    if args.batches:
+        return alternate(texts, args.cores, args.batches, args.rounds, args.split)
     shuffled = texts[:]
     random.Random(0).shuffle(shuffled)
     n, cores = len(texts), args.cores

@@ -3,11 +3,12 @@
 From nothing to a searchable index: ``chunkyard ingest CORPUS`` then ``chunkyard index``,
 fresh processes, wall time of each, for
 
-- ``local``: the local default (one ONNX session in this process);
+- ``local``: the local default (in this process: one single-thread ONNX session per CPU);
 - ``ray``: ``index --executor ray`` on a one-node Ray cluster with all of this machine's
   CPUs (``--num-cpus``), started for the benchmark inside a loopback-only namespace
   (``tests/ray_support.py``; needs root for ``unshare``), with the default actors (one per
-  CPU), and with ``--one-actor-too`` also one actor of all the CPUs. Ray's start (``ray start``) is not counted; the
+  node, of all its CPUs), with ``--per-cpu-too`` also one one-CPU actor per CPU, and with
+  ``--one-actor-too`` also ``--actors 1 --cpus-per-actor CPUS`` named. Ray's start (``ray start``) is not counted; the
   driver's connect and the actors' model loads are.
 
 Then the parent's absorption (``bench/absorb.py``): vectors/s into each store with the
@@ -17,7 +18,7 @@ The default corpus is rust-book (1.5 MB): the 18 MB benchmark corpus costs ~1,00
 embedding per configuration, too much for a shared 2-core machine (``--corpus`` takes another).
 
 Usage: ``python bench/index_ray_bench.py [--corpus rust-book] [--limit N] [--cpus 2] [--vectors 20000]
-[--skip-ray] [--one-actor-too] [--skip-absorb]``.
+[--skip-ray] [--one-actor-too] [--per-cpu-too] [--skip-absorb]``.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=0, help="the corpus's first N documents only (0: all)")
     parser.add_argument("--skip-absorb", action="store_true")
     parser.add_argument("--one-actor-too", action="store_true", help="also time one actor of all the CPUs")
+    parser.add_argument("--per-cpu-too", action="store_true", help="also time one one-CPU actor per CPU")
     args = parser.parse_args()
     corpus = CORPORA / args.corpus
     work = Path(tempfile.mkdtemp(prefix="cy-tts-"))
@@ -119,7 +121,11 @@ def main() -> int:
             else:
                 cluster = one_node_cluster(args.cpus)
                 try:
-                    configs: list[tuple[str, list[str]]] = [(f"ray {args.cpus}x1", [])]
+                    configs: list[tuple[str, list[str]]] = [("ray default", [])]
+                    if args.per_cpu_too:
+                        configs.append(
+                            (f"ray {args.cpus}x1", ["--actors", str(args.cpus), "--cpus-per-actor", "1"])
+                        )
                     if args.one_actor_too:
                         configs.append(
                             (f"ray 1x{args.cpus}", ["--actors", "1", "--cpus-per-actor", str(args.cpus)])

@@ -157,6 +157,27 @@ def freeze(proc: subprocess.Popen[Any], group: bool, sig: signal.Signals) -> Non
         os.kill(proc.pid, sig)
 
 
+def wait_thawed(proc: subprocess.Popen[Any], group: bool, timeout: float) -> None:
+    """``proc.wait``, sending SIGCONT again every half second until it exits.
+
+    A run started through ``nsenter --pid`` (the Ray phase) has nsenter as its parent, and
+    nsenter does job control: when it finds its child stopped it stops itself, and goes on
+    only when continued. Frozen and thawed together, nsenter can read the child's stop after
+    the thaw and stop itself for good: the run ends, nsenter never does. A later SIGCONT
+    lets it reap the child and exit.
+    """
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            proc.wait(timeout=min(0.5, max(0.0, end - time.monotonic())))
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= end:
+                raise
+            with contextlib.suppress(ProcessLookupError):
+                freeze(proc, group, signal.SIGCONT)
+
+
 def stop_in_flight(
     proc: subprocess.Popen[Any],
     rng: random.Random,
@@ -203,7 +224,7 @@ def stop_in_flight(
             if not exits:
                 return False
             try:
-                proc.wait(timeout=deadline if exit_grace is None else exit_grace)
+                wait_thawed(proc, group, deadline if exit_grace is None else exit_grace)
             except subprocess.TimeoutExpired:
                 if exit_grace is None:
                     raise

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from conftest import need_corpora
+from kill_support import wait_thawed
 from ray_support import BIN, LoopbackCluster, running_cluster, skip_without_namespaces
 
 from pipeline.index.query import Searcher
@@ -158,6 +159,31 @@ def test_ray_actors_build_the_local_index(cluster: LoopbackCluster, indexed: Pat
     assert code == 0 and again["embedded"] == 0 and again["embedded_on"] == {}  # nothing to do: no Ray
 
 
+def test_by_default_one_actor_takes_a_whole_node(indexed: Path, tmp_path: Path) -> None:
+    """A node of two CPUs gets one actor of two CPUs, not two of one (one model load; its
+    embedder runs a single-thread session per CPU), and the index is the local one."""
+    from ray_support import FENCES, HEAD_PORT
+
+    skip_without_namespaces()
+    out = copy_chunks(indexed, tmp_path / "chunks")
+    c = LoopbackCluster(nodes=0)  # the namespace only: a head of two CPUs started here
+    try:
+        fences = FENCES.replace("--num-cpus=1", "--num-cpus=2").split()
+        started = c.run(
+            [str(BIN / "ray"), "start", "--head", f"--port={HEAD_PORT}", *fences,
+             "--include-dashboard=false", f"--temp-dir={c.temp}/head"]
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr[-2000:]
+        code, got, stderr = ray_index(c, out, "--batch-size", "16")
+    finally:
+        c.close()
+    assert code == 0, stderr[-3000:]
+    where = got["embedded_on"]
+    assert where["actors"] == 1 and len(where["texts_by_node"]) == 1, where
+    assert got["embedded"] == got["chunks"] and where["batches"] > 1
+    assert_same_index(indexed / "local", out, local_report(indexed), got)
+
+
 # -- faults ---------------------------------------------------------------------------------
 
 
@@ -270,14 +296,24 @@ def test_ctrl_c_keeps_the_old_index_searchable(
     before = index(root / "chunks").index_hash
     for path in sorted((corpora_dir / "rust-book" / "src").glob("ch04-*.md")):
         shutil.copy2(path, root / "corpus" / "src" / path.name)  # another chapter: new chunks to embed
+    before_files = len(list((root / "chunks").rglob("doc_*.json")))
     ingest(Options(corpus=root / "corpus", out=root / "chunks", jobs=1))
     out = root / "chunks"
     start = cached(out)
+    new_chunks = len(list(out.rglob("doc_*.json"))) - before_files  # ch04's: each a text to embed
+    assert new_chunks > 8  # more than two batches of four
     run = cluster.start(cluster.chunkyard("index", "--out", str(out), "--json", "--batch-size", "4"))
     wait_for(lambda: cached(out) > start, run, "the first batch came back")
     driver = int(Path(f"/proc/{run.pid}/task/{run.pid}/children").read_text().split()[0])
+    # Ctrl-C lands while batches are still out: the driver is frozen the moment the first one
+    # is seen back (a fast machine could embed the rest before a plain SIGINT is handled), and
+    # the SIGINT, pending while it is stopped, is the first thing it meets when it goes on
+    os.kill(driver, signal.SIGSTOP)
+    assert cached(out) < start + new_chunks, "every new text was embedded before the stop"
     os.kill(driver, signal.SIGINT)
-    run.communicate(timeout=120)
+    os.kill(driver, signal.SIGCONT)
+    wait_thawed(run, False, 120)  # nsenter stopped itself when it saw its child stop
+    run.communicate(timeout=10)
     assert run.returncode != 0, "the run was not stopped"
     with Searcher(out, None, None) as searcher:  # the old index, whole
         record = searcher.record("how do I install rust", 5, "hybrid")

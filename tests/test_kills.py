@@ -152,7 +152,7 @@ def test_ingest_killed_with_its_workers_at_random_moments(tmp_path: Path) -> Non
     known_good = good_files(clean)
     tally = Tally("ingest (first run, process group)")
     window = t_clean
-    for i in attempts(tally, kills(80)):
+    for i in attempts(tally, kills(96)):
         rng = random.Random(f"{SEED}:ingest-group:{i}")
         out = tmp_path / f"out{i}"
         proc = subprocess.Popen(ingest_cmd(corpus, out), start_new_session=True, stdout=subprocess.DEVNULL)
@@ -166,7 +166,7 @@ def test_ingest_killed_with_its_workers_at_random_moments(tmp_path: Path) -> Non
             converge(out, corpus, want, known_good, f"ingest kill {i} (seed {SEED})")
         shutil.rmtree(out)
     report(tally)
-    assert tally.landed == kills(80)
+    assert tally.landed == kills(96)
 
 
 def test_ingest_parent_killed_while_workers_write(tmp_path: Path) -> None:
@@ -397,13 +397,13 @@ def index_phase(tmp_path: Path, store: str | None, name: str, count: int) -> Tal
 
 
 def test_index_into_sqlite_killed_at_random_moments(tmp_path: Path) -> None:
-    tally = index_phase(tmp_path, None, "sqlite", kills(20))
+    tally = index_phase(tmp_path, None, "sqlite", kills(12))
     report(tally)
-    assert tally.landed == kills(20)
+    assert tally.landed == kills(12)
 
 
 def test_index_into_lancedb_killed_at_random_moments(tmp_path: Path) -> None:
     pytest.importorskip("lancedb", reason="the lancedb extra: pip install -e '.[lancedb]'")
-    tally = index_phase(tmp_path, f"lancedb:{tmp_path / 'lance'}", "lancedb", kills(20))
+    tally = index_phase(tmp_path, f"lancedb:{tmp_path / 'lance'}", "lancedb", kills(12))
     report(tally)
-    assert tally.landed == kills(20)
+    assert tally.landed == kills(12)

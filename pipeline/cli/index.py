@@ -57,12 +57,16 @@ ActorsOpt = Annotated[
     typer.Option(
         "--actors",
         min=0,
-        help="Ray actors, each with its own model (0 = one per --cpus-per-actor CPUs or GPU share).",
+        help="Ray actors, each with its own model (0 = one per node, or per --cpus-per-actor CPUs or GPU share).",
     ),
 ]
 CpusPerActorOpt = Annotated[
     int,
-    typer.Option("--cpus-per-actor", min=0, help="CPUs and model threads per Ray actor (0 = the default)."),
+    typer.Option(
+        "--cpus-per-actor",
+        min=0,
+        help="CPUs and model threads per Ray actor (0 = the smallest node's CPUs; 1 with --actors or --num-gpus).",
+    ),
 ]
 NumGpusOpt = Annotated[
     float, typer.Option("--num-gpus", min=0.0, help="GPUs per Ray actor (fractions share a GPU).")

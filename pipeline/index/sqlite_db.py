@@ -12,7 +12,7 @@ The store class that reads and writes these tables is ``pipeline.index.sqlite_st
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,15 @@ WRITER_CACHE_KIB = 256 * 1024
 #: instead of dozens of small ones that its automerge keeps merging while the rows go in.
 #: Memory, as above; what a query finds and scores is the same.
 FTS_PENDING_BYTES = 64 * 1024 * 1024
+#: WAL pages after which a writer's commit copies the WAL back into the file (SQLite's default:
+#: 1,000). A run commits once per returned batch: at the default, every few batches a commit
+#: also copied and synced the whole WAL, and the run's last commit did so for every row it
+#: wrote. The writer checkpoints once instead, when it closes (after its commit: the index is
+#: searchable before that); this bounds the WAL in between.
+WRITER_CHECKPOINT_PAGES = 16384
+#: Bytes a WAL file is cut back to after a checkpoint (a run's WAL may grow large; the file
+#: is then truncated rather than kept at that size for readers that keep the database open).
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 #: The embedding cache: a rowid table with a unique (model, digest) index. Its rows carry a
 #: vector each (1.5 KiB at 384 dims); as a ``WITHOUT ROWID`` table keyed by digest (random
@@ -119,12 +128,25 @@ def transaction(conn: Any, path: Path) -> Iterator[None]:
 
 def prepare_writer(conn: Any) -> None:
     """Ready a connection for writing, inside its first write transaction: the writer's page
-    cache and FTS5's pending terms, no index nothing looks up, and the cache table in its
+    cache, its WAL checkpoints (``WRITER_CHECKPOINT_PAGES``; ``checkpoint_after_writes`` at
+    close) and FTS5's pending terms, no index nothing looks up, and the cache table in its
     current layout (``upgrade_cache``)."""
     conn.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+    conn.execute(f"PRAGMA wal_autocheckpoint={WRITER_CHECKPOINT_PAGES}")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     conn.execute("DROP INDEX IF EXISTS chunks_doc; DROP INDEX IF EXISTS chunks_source")
     conn.execute("INSERT INTO fts(fts, rank) VALUES ('hashsize', ?)", (FTS_PENDING_BYTES,))
     upgrade_cache(conn)
+
+
+def checkpoint_after_writes(conn: Any) -> None:
+    """Copy the WAL a writer left into the database file without waiting for readers
+    (``PASSIVE``): the one checkpoint of a run (``WRITER_CHECKPOINT_PAGES``). A reader holding
+    old pages leaves the rest for a later checkpoint; a busy file leaves it all."""
+    import apsw
+
+    with suppress(apsw.BusyError):
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 def upgrade_cache(conn: Any) -> None:

@@ -13,9 +13,8 @@ committed index while ``index`` writes the next one.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,14 @@ from pipeline.index.analyzer import ANALYZER, fts5_query
 from pipeline.index.analyzers import analysis
 from pipeline.index.cache_group import Entries
 from pipeline.index.rows import ChunkRow, RowState, Vector
-from pipeline.index.sqlite_db import in_batches, open_database, prepare_writer, transaction
+from pipeline.index.sqlite_db import (
+    checkpoint_after_writes,
+    in_batches,
+    open_database,
+    prepare_writer,
+    transaction,
+)
+from pipeline.index.sqlite_rows import INSERT, UPDATE, insert_fresh, inserted, moved
 from pipeline.index.sqlite_vectors import Matrix, ids_with_vectors, read_matrix
 from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
@@ -35,33 +41,6 @@ CACHE_RUNS = 5
 #: does); both cut at k after the tie-break, so equal scores across the cut resolve by chunk id.
 _MARGIN = TIE_MARGIN
 _COSINE = "SELECT vec_distance_cosine(?, ?)"
-
-
-#: The ``chunks`` columns a row's move may change while its embedded text (``digest``) stays;
-#: each is a ``ChunkRow`` attribute of the same name (``payload`` is ``row.to_json()``).
-_MOVABLE = (
-    "file", "hash", "row_digest", "model_tokens", "policy_hash", "doc_id", "section_id", "source_file", "text",
-)  # fmt: skip
-_UPDATE = f"UPDATE chunks SET {', '.join(f'{c} = ?' for c in _MOVABLE)}, payload = ? WHERE chunk_id = ?"
-_INSERTED = ("chunk_id", "digest", *_MOVABLE)
-_INSERT = (
-    f"INSERT INTO chunks({', '.join(_INSERTED)}, payload) VALUES ({', '.join('?' * (len(_INSERTED) + 1))})"
-)
-_SPLIT = _INSERTED.index("row_digest")
-_before, _after = attrgetter(*_INSERTED[:_SPLIT]), attrgetter(*_INSERTED[_SPLIT + 1 :])
-
-
-def _inserted(row: ChunkRow) -> tuple[object, ...]:
-    """The row's values for ``_INSERT``: the ``_INSERTED`` columns, then the payload; the payload
-    and ``row_digest`` come from one encoding of the row (``ChunkRow.encoded``)."""
-    payload, row_digest = row.encoded()
-    return (*_before(row), row_digest, *_after(row), payload)
-
-
-def _moved(row: ChunkRow) -> tuple[object, ...]:
-    """The row's values for ``_UPDATE``: the ``_MOVABLE`` columns, the payload, the chunk id."""
-    payload, row_digest = row.encoded()
-    return (*(row_digest if c == "row_digest" else getattr(row, c) for c in _MOVABLE), payload, row.chunk_id)
 
 
 class SqliteStore:
@@ -87,12 +66,16 @@ class SqliteStore:
 
     def _analyze(self, text: str) -> str:
         """``text`` as the full-text index gets it, by the index's analyzer (runs check it is known)."""
+        return self._analyzer()(text)
+
+    def _analyzer(self) -> Callable[[str], str]:
+        """The index's analyzer as one function (looked up once for many rows)."""
         found = analysis(self.analyzer, ANALYZER)
         if found is None:
             raise StoreError(
                 f"{self.path}: unknown BM25 analyzer {self.analyzer!r} (hint: rebuild with --rebuild)"
             )
-        return found.analyze(text)
+        return found.analyze
 
     # --- reading --------------------------------------------------------------------------
 
@@ -306,6 +289,9 @@ class SqliteStore:
         self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
+        if self._writer_ready:  # once: a second close has nothing to checkpoint
+            self._writer_ready = False
+            checkpoint_after_writes(self._conn)
         self._conn.close()
 
     # --- inside ---------------------------------------------------------------------------
@@ -343,7 +329,7 @@ class SqliteStore:
 
     def _insert_fresh(self, rows: Sequence[tuple[ChunkRow, Vector]]) -> None:
         """Rows the store does not hold yet, with their vectors: three ``executemany`` in all,
-        no per-row lookups or deletes (a new index writes every row this way)."""
+        no per-row lookups or deletes (a new index writes every row this way; ``sqlite_rows``)."""
         if not rows:
             return
         orphans = self._vector_ids([r.chunk_id for r, _ in rows])  # a drifted store: a vector without its row
@@ -351,16 +337,7 @@ class SqliteStore:
             self._conn.executemany(
                 "DELETE FROM vectors WHERE chunk_id = ?", [(cid,) for cid in sorted(orphans)]
             )
-        inserted = self._conn.executemany(_INSERT + " RETURNING rowid", [_inserted(r) for r, _ in rows])
-        rowids = [rowid for (rowid,) in inserted]  # FTS5 rows by rowid: no lookup per row
-        self._conn.executemany(
-            "INSERT INTO fts(rowid, body) VALUES (?, ?)",
-            [(rowid, self._analyze(r.embed_text)) for rowid, (r, _) in zip(rowids, rows, strict=True)],
-        )
-        self._conn.executemany(
-            "INSERT INTO vectors(chunk_id, embedding) VALUES (?, ?)",
-            [(r.chunk_id, np.asarray(v, dtype=np.float32).tobytes()) for r, v in rows],
-        )
+        insert_fresh(self._conn, rows, self._analyzer())
 
     def _drop(self, cid: str, *, keep_vector: bool) -> None:
         found = list(self._conn.execute("SELECT rowid FROM chunks WHERE chunk_id = ?", (cid,)))
@@ -373,11 +350,11 @@ class SqliteStore:
     def _put(self, row: ChunkRow, vector: Vector | None) -> None:
         """Replace (or add) one row; a ``None`` vector keeps the stored one (same text)."""
         if vector is None:  # the same embedded text: vector and FTS row stay, the payload moves
-            self._conn.execute(_UPDATE, _moved(row))
+            self._conn.execute(UPDATE, moved(row))
             if self._conn.changes():
                 return
         self._drop(row.chunk_id, keep_vector=vector is None)
-        self._conn.execute(_INSERT, _inserted(row))
+        self._conn.execute(INSERT, inserted(row))
         rowid = self._conn.last_insert_rowid()
         self._conn.execute(
             "INSERT INTO fts(rowid, body) VALUES (?, ?)", (rowid, self._analyze(row.embed_text))
