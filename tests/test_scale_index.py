@@ -341,10 +341,10 @@ def test_rebuild_swaps_in_a_store_whose_scale_indexes_follow_it(fresh: tuple[Pat
 
 
 def test_index_warns_past_the_measured_range(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.index.scale import MEASURED_MAX, range_warning, wanted
+    from pipeline.index.scale import BM25_MIN_CHUNKS, MEASURED_MAX, range_warning, wanted
 
     monkeypatch.setenv(SCALE_ENV, "auto")
-    assert wanted(10_000) == (False, False)
+    assert wanted(BM25_MIN_CHUNKS - 1) == (False, False)
     assert wanted(MEASURED_MAX["sqlite-vec+scale"]) == (True, True)
     assert range_warning("sqlite-vec", 42_000) is None
     past = range_warning("sqlite-vec", MEASURED_MAX["sqlite-vec+scale"] + 1)

@@ -77,3 +77,42 @@ def test_processes_with_watch_or_stdio_is_refused(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, done
         assert "--processes 2 with" in done.stderr and "one process" in done.stderr, done.stderr
+
+
+def test_the_shared_listener_gives_connections_without_nagles_delay() -> None:
+    """The socket the processes share says TCP, so asyncio sets ``TCP_NODELAY`` on each
+    connection it accepts (uvicorn's own ``bind_socket`` does not: every answer on a kept-alive
+    connection after the first then waited about 40 ms for the client's delayed ACK)."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    from pipeline.serve.processes import tcp_listener
+
+    async def nodelay_of_an_accepted_connection(listener: socket.socket) -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            sock = writer.get_extra_info("socket")
+            accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=listener)
+        try:
+            _, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+            value = await asyncio.wait_for(accepted, 10)
+            writer.close()
+            return value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    bare = uvicorn.Config("pipeline.serve.processes:process_app", host="127.0.0.1", port=0).bind_socket()
+    assert bare.proto == 0  # the premise: without tcp_listener, Nagle stays on
+    assert asyncio.run(nodelay_of_an_accepted_connection(bare)) == 0
+    listener = tcp_listener(
+        uvicorn.Config("pipeline.serve.processes:process_app", host="127.0.0.1", port=0).bind_socket()
+    )
+    assert listener.proto == socket.IPPROTO_TCP and listener.get_inheritable()
+    assert asyncio.run(nodelay_of_an_accepted_connection(listener)) != 0

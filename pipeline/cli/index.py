@@ -29,7 +29,11 @@ StoreOpt = Annotated[
 ]
 EmbedderOpt = Annotated[
     str | None,
-    typer.Option("--embedder", help="Embedder spec (default: the index's own, else the offline ONNX model)."),
+    typer.Option(
+        "--embedder",
+        help="Embedder spec (default: the index's own, else the offline ONNX model; for CJK text the multilingual "
+        "model when its extra is installed).",
+    ),
 ]
 
 IndexExecutorOpt = Annotated[

