@@ -571,7 +571,8 @@ from pipeline.models import Policy
 from pipeline.run.worker import Job
 from pipeline.runner import counter
 def stall(raw, rel_path, *a, **k):  # the test's stage: slow by construction
-    Path({str(started)!r}).write_text(str(os.getpid()))
+    Path({str(started)!r} + ".tmp").write_text(str(os.getpid()))
+    os.rename({str(started)!r} + ".tmp", {str(started)!r})  # whole when the parent sees it
     threading.Event().wait()
 runner_mod.chunk_document = stall
 counter("cl100k_base")

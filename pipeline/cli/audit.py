@@ -111,7 +111,7 @@ def resolve_cmd(
                     err.print(Text(f"  {s}", style="cyan"))
         raise typer.Exit(1) from None
     except PipelineError as exc:
-        err.print(Text(f"error: {exc}", style="red"))
+        err.print(Text(f"error: {exc}", style="red"), soft_wrap=True)
         raise typer.Exit(1) from None
     if json_out:
         sys.stdout.write(orjson.dumps(found.payload(), option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -109,7 +109,7 @@ def usage_error(exc: PipelineError, json_out: bool) -> typer.Exit:
         sys.stdout.write(
             orjson.dumps({"code": "usage_error", "ok": False, "error": str(exc)}).decode() + "\n"
         )
-    err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+    err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 

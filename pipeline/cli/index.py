@@ -90,7 +90,7 @@ def _mismatch(exc: Any, json_out: bool) -> typer.Exit:
     """An index built with another embedder or analyzer: 001's code, the rebuild command, exit 2."""
     if json_out:
         sys.stdout.write(orjson.dumps({"code": exc.code, "ok": False, "error": str(exc)}).decode() + "\n")
-    err.print(f"[red]{exc.code}:[/] {escape(str(exc))}", highlight=False)
+    err.print(f"[red]{exc.code}:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 

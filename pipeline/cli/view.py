@@ -60,7 +60,7 @@ def view_cmd(
     try:
         report = write_report(store, html, keys or None)
     except PipelineError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False, markup=False)
+        err.print(f"[red]error:[/] {exc}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
     summary = {
         "ok": True,
