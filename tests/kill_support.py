@@ -132,14 +132,13 @@ class Tally:
     misses: int = 0
     resumed: int = 0
     mid_commit: int = 0  #: index kills that froze the writer inside its commit
-    hung: int = 0  #: runs that did all their work but did not exit within the grace (then killed)
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
         return (
             f"kill phase {self.phase}: {self.landed} SIGKILLs landed in flight and converged "
             f"({self.misses} moments too late, {self.resumed} too early resumed, {self.mid_commit} inside "
-            f"a commit{f', {self.hung} HUNG after their work was done' if self.hung else ''}; seed {SEED}; "
+            f"a commit; seed {SEED}; "
             f"{time.monotonic() - self.started:.1f} s)"
         )
 
@@ -190,7 +189,6 @@ def stop_in_flight(
     deadline: float = 240.0,
     started: Callable[[], bool] | None = None,
     exits: bool = True,
-    exit_grace: float | None = None,
 ) -> bool:
     """Freeze ``proc`` at random moments until one is in flight, then SIGKILL it there.
 
@@ -199,9 +197,7 @@ def stop_in_flight(
     next ones; ``started``, when given, is polled first and the wait counts from when it
     holds. True when the kill landed in flight (the process and, with ``group``, its
     workers are dead); False on a miss (the run was let finish). ``exits=False`` (``watch``,
-    which runs on): a miss returns at once, for the caller to stop it. ``exit_grace``: a run
-    that did its work but has not exited after that many seconds is killed and counted as
-    hung (printed in the phase's line) instead of failing the phase.
+    which runs on): a miss returns at once, for the caller to stop it.
     """
     end = time.monotonic() + deadline
     while started is not None and not started() and proc.poll() is None and time.monotonic() < end:
@@ -223,14 +219,7 @@ def stop_in_flight(
             tally.misses += 1
             if not exits:
                 return False
-            try:
-                wait_thawed(proc, group, deadline if exit_grace is None else exit_grace)
-            except subprocess.TimeoutExpired:
-                if exit_grace is None:
-                    raise
-                tally.hung += 1
-                freeze(proc, group, signal.SIGKILL)
-                proc.wait()
+            wait_thawed(proc, group, deadline)
             return False
         tally.resumed += 1
         time.sleep(rng.uniform(0, step))

@@ -111,7 +111,6 @@ def test_ray_parent_killed_while_the_cluster_works(cluster: LoopbackCluster, tmp
             proc, rng, lambda out=out: classify(out, ({}, None), want),
             group=True, first=window, step=window / 10, tally=tally,
             started=lambda out=out: dispatching(out),
-            exit_grace=60.0,  # still alive 60 s after its work, though thawed: killed, counted as hung
         )  # fmt: skip
         tasks_gone(cluster)
         window = adapt(window, landed)
