@@ -85,3 +85,17 @@ def test_window_bm25_counts_terms_and_phrases_over_the_texts_as_one() -> None:
     assert together > max(_bm25(terms, [["遗忘", "x"]], 2.0), _bm25(terms, [["单元", "y"]], 2.0))
     assert together == pytest.approx(apart)  # same term counts, same length relative to the average
     assert _bm25(terms, [["z"]], 1.0) == 0.0
+
+
+def test_a_chunk_whose_neighbours_hold_the_question_is_ranked_by_its_window(tmp_path: Path) -> None:
+    # the middle section holds none of the question's bigrams, its two neighbours one half each:
+    # BM25 over each chunk alone never lists it; its window holds the whole question
+    doc = f"# 循环网络\n\n## 甲\n\n遗忘门控制记忆。{FILLER}\n\n## 乙\n\n{FILLER}\n\n## 丙\n\n候选单元负责写入。{FILLER}\n"
+    out = _indexed({"rnn.md": doc}, tmp_path)
+    question = "遗忘门和候选单元"
+    with Searcher(out, expand_tokens=0, bm25_window=0) as alone, Searcher(out, expand_tokens=0) as windowed:
+        listed = alone(question, "bm25", 10)
+        assert len(listed) == 2 and not any("## 乙" in h["text"] for h in listed)  # the premise
+        middle = [h for h in windowed(question, "bm25", 10) if "## 乙" in h["text"]]
+        assert len(middle) == 1 and middle[0]["file"] == "rnn.md"
+        assert middle[0]["score_raw"] > 0  # scored by its window, not only listed

@@ -10,11 +10,14 @@ d2l-zh and fastapi-zh-ja gold sets is in docs/benchmarks.md).
 
 ``WindowScorer`` re-scores the BM25 list of an index with the CJK analyzer: each candidate's
 score becomes ``(1 - WINDOW_SHARE) * own + WINDOW_SHARE * window``, where ``window`` is
-Okapi BM25 (FTS5's formula, k1 1.2, b 0.75) of the query over the text of the chunk and its
+Okapi BM25 (k1 1.2, b 0.75 as FTS5's; Lucene's idf, ``_idf``) of the query over the text of the chunk and its
 ``WINDOW`` neighbours on each side in its document, read as one text (the term counts and
 lengths summed), against an average length ``2 * WINDOW + 1`` times the index's. The
-candidates are the ``WINDOW_POOL`` best by BM25 over the chunk alone; the list returned is
-the rescored one, best first. Term statistics (rows, document frequencies, total tokens)
+candidates are the ``WINDOW_POOL`` best by BM25 over the chunk alone **and every chunk whose
+window holds one of them** (a candidate's neighbours): the chunk that answers often shares few
+of the question's bigrams itself while its neighbour shares many, and it is that chunk the
+window exists to find (its own score is FTS5's BM25 of it, 0 when it matches no term). The
+list returned is the rescored one, best first. Term statistics (rows, document frequencies, total tokens)
 come from the index's own FTS5 table, the tokens from FTS5's own tokenizer over the
 analyzed ``embedText`` (what the table holds), the neighbours from the chunk folder (as the
 passage merge finds them), so an index updated run by run ranks as a fresh build of the
@@ -28,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.index.analyzer import FTS5_TOKENIZE
+from pipeline.index.analyzer import FTS5_TOKENIZE, fts5_query
 from pipeline.index.analyzers import Analysis
 from pipeline.index.expand import ChunkFiles, ChunkSpan
 
@@ -124,25 +127,55 @@ class WindowScorer:
             if tokens:
                 terms.append((tuple(tokens), self._idf(rows, self._frequency(term))))
         lookup = ChunkFiles(self.out, None, self.read)
+        own = dict(hits)
+        members = {chunk_id: self._members(lookup, chunk_id, files.get(chunk_id)) for chunk_id, _ in hits}
+        # the candidates' neighbours are candidates too: a window holding a good candidate
+        # may be better than the candidate's own
+        extra = sorted({m for found in members.values() for m in found} - own.keys())
+        if extra:
+            own.update(self._own_scores(query, extra))
+            for chunk_id in extra:
+                own.setdefault(chunk_id, 0.0)
+                members[chunk_id] = self._members(lookup, chunk_id, self._file_of(lookup, chunk_id))
         scored = []
-        for chunk_id, own in hits:
-            window = self._window(lookup, chunk_id, files.get(chunk_id))
-            score = own
+        for chunk_id, found in members.items():
+            window = self._tokens_of(lookup, found)
+            score = own[chunk_id]
             if window:
-                score = (1.0 - WINDOW_SHARE) * own + WINDOW_SHARE * _bm25(
+                score = (1.0 - WINDOW_SHARE) * score + WINDOW_SHARE * _bm25(
                     terms, window, mean * (2 * self.window + 1)
                 )
             scored.append((chunk_id, score))
         scored.sort(key=lambda p: (-p[1], p[0]))
         return scored[:depth]
 
+    def _own_scores(self, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
+        """FTS5's BM25 (positive, as ``lexical`` gives it) of the chunks ``chunk_ids`` that match
+        ``query``'s terms; a chunk matching none is absent."""
+        terms = self.analysis.query_terms(query)
+        if not terms:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self._conn.execute(
+            "SELECT c.chunk_id, bm25(fts) FROM fts JOIN chunks c ON c.rowid = fts.rowid "
+            f"WHERE fts MATCH ? AND fts.rowid IN (SELECT rowid FROM chunks WHERE chunk_id IN ({marks}))",
+            (fts5_query(terms), *chunk_ids),
+        )
+        return {str(chunk_id): -float(score) for chunk_id, score in rows}
+
+    def _file_of(self, lookup: ChunkFiles, chunk_id: str) -> str | None:
+        """A neighbour's chunk file, relative to the chunk folder (as ``lookup`` found it)."""
+        path = lookup.paths.get(chunk_id)
+        return path.relative_to(self.out).as_posix() if path is not None else None
+
     @staticmethod
     def _idf(rows: int, frequency: int) -> float:
-        """FTS5's idf: ``log((N - n + 0.5) / (n + 0.5))``, at least a millionth."""
+        """``log((N - n + 0.5) / (n + 0.5) + 1)`` (Lucene's BM25 idf, never negative; FTS5's own
+        lacks the ``+ 1`` and floors at a millionth), 0 for a term no row holds."""
         return math.log((rows - frequency + 0.5) / (frequency + 0.5) + 1.0) if frequency else 0.0
 
-    def _window(self, lookup: ChunkFiles, chunk_id: str, chunk_file: str | None) -> list[list[str]]:
-        """The token lists of the chunk and its neighbours (``[]`` when its file cannot be read)."""
+    def _members(self, lookup: ChunkFiles, chunk_id: str, chunk_file: str | None) -> list[str]:
+        """The chunk and its neighbours within the window (``[]`` when its file cannot be read)."""
         if chunk_file is None:
             return []
         lookup.remember(chunk_id, chunk_file)
@@ -156,6 +189,10 @@ class WindowScorer:
             before = lookup(before.prev_id) if before is not None and before.prev_id else None
             after = lookup(after.next_id) if after is not None and after.next_id else None
             members += [s.chunk_id for s in (before, after) if s is not None]
+        return members
+
+    def _tokens_of(self, lookup: ChunkFiles, members: Sequence[str]) -> list[list[str]]:
+        """The token lists of a window's chunks (those whose files can be read)."""
         out = []
         for member in members:
             record = self.read(lookup.paths[member]) if member in lookup.paths else None
