@@ -9,8 +9,9 @@ BIN    := $(VENV)/bin
 CORE_STAMP := $(VENV)/.installed-core
 ALL_STAMP  := $(VENV)/.installed-all
 STAMP  := $(ALL_STAMP)
-#: every extra but the peers of `make bench` (bench) and sentence-transformers (st: torch); serve: tests/test_serve*.py
-EXTRAS := dev,langchain,llamaindex,embed,index,lancedb,ray,serve,scale
+#: every extra but the peers of `make bench` (bench) and sentence-transformers (st: torch); serve: tests/test_serve*.py;
+#: multilingual: the e5 embedder a CJK corpus takes (tests/test_cjk_index.py's e5 fresh-build case)
+EXTRAS := dev,langchain,llamaindex,embed,index,lancedb,ray,serve,scale,multilingual
 CORPUS ?= corpus
 OUT    ?= chunks
 CHROMIUM ?= /usr/bin/chromium
