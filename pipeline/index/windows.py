@@ -27,6 +27,7 @@ same chunks does.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ class WindowScorer:
         self._tokenizer: Any = apsw.Connection(":memory:").fts5_tokenizer(name, args)
         self._stats: tuple[str, int, float] | None = None  # (generation, rows, mean tokens per row)
         self._df: dict[str, int] = {}
-        self._tokens: dict[tuple[str, str], list[str]] = {}
+        self._tokens: dict[tuple[str, str], Counted] = {}
 
     def close(self) -> None:
         self._conn.close()
@@ -99,13 +100,15 @@ class WindowScorer:
             )
         return self._df[term]
 
-    def _chunk_tokens(self, chunk_id: str, record: dict[str, Any]) -> list[str]:
+    def _chunk_tokens(self, chunk_id: str, record: dict[str, Any]) -> Counted:
         text = str(record.get("embedText") or record.get("originalText") or "")
         key = (chunk_id, str(record.get("hash", "")))
         if key not in self._tokens:
             if len(self._tokens) >= TOKENS_KEPT:
                 self._tokens.clear()
-            self._tokens[key] = self._tokenize(self.analysis.analyze(text), self._apsw.FTS5_TOKENIZE_DOCUMENT)
+            self._tokens[key] = Counted(
+                self._tokenize(self.analysis.analyze(text), self._apsw.FTS5_TOKENIZE_DOCUMENT)
+            )
         return self._tokens[key]
 
     def rescore(
@@ -155,13 +158,14 @@ class WindowScorer:
         terms = self.analysis.query_terms(query)
         if not terms:
             return {}
-        marks = ",".join("?" * len(chunk_ids))
+        wanted = set(chunk_ids)
+        # every match, as ``lexical`` scores them (FTS5 scores them all to sort them anyway): a
+        # rowid constraint makes FTS5 evaluate the query once per row, many times slower
         rows = self._conn.execute(
-            "SELECT c.chunk_id, bm25(fts) FROM fts JOIN chunks c ON c.rowid = fts.rowid "
-            f"WHERE fts MATCH ? AND fts.rowid IN (SELECT rowid FROM chunks WHERE chunk_id IN ({marks}))",
-            (fts5_query(terms), *chunk_ids),
+            "SELECT c.chunk_id, bm25(fts) FROM fts JOIN chunks c ON c.rowid = fts.rowid WHERE fts MATCH ?",
+            (fts5_query(terms),),
         )
-        return {str(chunk_id): -float(score) for chunk_id, score in rows}
+        return {str(chunk_id): -float(score) for chunk_id, score in rows if chunk_id in wanted}
 
     def _file_of(self, lookup: ChunkFiles, chunk_id: str) -> str | None:
         """A neighbour's chunk file, relative to the chunk folder (as ``lookup`` found it)."""
@@ -191,7 +195,7 @@ class WindowScorer:
             members += [s.chunk_id for s in (before, after) if s is not None]
         return members
 
-    def _tokens_of(self, lookup: ChunkFiles, members: Sequence[str]) -> list[list[str]]:
+    def _tokens_of(self, lookup: ChunkFiles, members: Sequence[str]) -> list[Counted]:
         """The token lists of a window's chunks (those whose files can be read)."""
         out = []
         for member in members:
@@ -199,6 +203,15 @@ class WindowScorer:
             if record is not None:
                 out.append(self._chunk_tokens(member, record))
         return out
+
+
+class Counted(list[str]):
+    """A chunk's tokens with their counts: a one-token term is counted by a lookup, and a phrase
+    whose first token the chunk lacks is not searched for (each query scores hundreds of windows)."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        super().__init__(tokens)
+        self.counts = Counter(tokens)
 
 
 def _bm25(
@@ -217,9 +230,12 @@ def _bm25(
 
 def _occurrences(phrase: tuple[str, ...], tokens: list[str]) -> int:
     """How often ``phrase`` occurs in ``tokens`` as adjacent tokens (overlapping runs count)."""
+    counts = tokens.counts if isinstance(tokens, Counted) else None
     if len(phrase) == 1:
-        return tokens.count(phrase[0])
+        return counts[phrase[0]] if counts is not None else tokens.count(phrase[0])
     first, size = phrase[0], len(phrase)
+    if counts is not None and not counts[first]:
+        return 0
     return sum(1 for i, tok in enumerate(tokens) if tok == first and tuple(tokens[i : i + size]) == phrase)
 
 
