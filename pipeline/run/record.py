@@ -198,6 +198,8 @@ def record_gone(writer: StateWriter, rel: str) -> None:
             if db.is_live(cid):
                 continue
             made = db.made_with_hash(digest, writer.made_since or writer.generation)
+            if made is None and writer.moves_since:  # the move's other half, synced a moment before
+                made = db.made_with_hash(digest, writer.moves_since)
             if made is not None and made[0] != cid:
                 renamed[cid] = (made[0], "rename")
         _remove(writer, rel, entry, list(enumerate(entry.get("files", ()))))
