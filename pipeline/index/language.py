@@ -177,8 +177,9 @@ CJK_DENSE_MULTILINGUAL = 0.7
 MULTILINGUAL = (embed_e5.E5_NAME,)
 #: The passage budget (``search --expand``) over CJK text. cl100k spends about a token per
 #: Chinese or Japanese character, so a budget holds far less text there than in English; the
-#: English default's passages cut the answer's context short (docs/benchmarks.md, d2l-zh).
-CJK_PASSAGE_TOKENS = 1024
+#: English default's passages cut the answer's context short (docs/benchmarks.md, d2l-zh). Half
+#: a 2,000-token prompt, so that two full passages fit in one.
+CJK_PASSAGE_TOKENS = 1000
 
 
 def is_cjk_index(meta: Mapping[str, str]) -> bool:
