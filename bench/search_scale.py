@@ -22,8 +22,10 @@
    each gold set's nDCG@10 in the haystack (scale and exact) and in its corpus alone.
 
 ``--only build|scale|exact|edit`` runs one phase per size (``--keep``: the results so far
-are kept in ``DIR/result-<size>.json``), so a million is built under ``nice`` and measured in
-locked runs of a few minutes. ``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
+are kept in ``DIR/result-<size>.json``, the rankings merged question by question, so a phase
+may be run for one gold set at a time), so a million is built under ``nice`` and measured in
+locked runs of a few minutes; ``--only alone`` ranks each gold set in its corpus alone
+(``DIR/gold-alone.json``: the haystack's cost). ``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
 re-uses each store whose size and seed match.
 """
 
@@ -414,7 +416,7 @@ def measure_size(
         row.setdefault("scale", {}).update(scaled["modes"])
         row["scale"]["memory"] = {**row["scale"].get("memory", {}), "+".join(args.modes): memory}
         found = json.loads(runs_of["scale"].read_text()) if runs_of["scale"].exists() and args.only else {}
-        runs_of["scale"].write_text(json.dumps({**found, **scaled["runs"]}))
+        runs_of["scale"].write_text(json.dumps(merge_runs(found, scaled["runs"])))
     if "exact" in phases:
         exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
         found = json.loads(runs_of["exact"].read_text()) if runs_of["exact"].exists() and args.only else {}
@@ -423,25 +425,35 @@ def measure_size(
             exact = run_probe(scratch, out, store, exact_questions, [mode], False)
             row.setdefault("exact", {})[mode] = exact["modes"][mode]
             row["exact"][f"rss_mb_{mode}"] = exact["rss_mb"]
-            found[mode] = exact["runs"][mode]
+            found = merge_runs(found, exact["runs"])
             runs_of["exact"].write_text(json.dumps(found))
     if all(p.exists() for p in runs_of.values()):
         scaled_runs, exact_runs = (json.loads(p.read_text()) for p in (runs_of["scale"], runs_of["exact"]))
         if "dense" in exact_runs and "dense" in scaled_runs:
             row["ann_recall@10"] = recall_at_10(scaled_runs["dense"], exact_runs["dense"])
-        row["ndcg@10"] = {
-            name: {mode: {"scale": ndcg(scaled_runs[mode], qs), "exact": ndcg(exact_runs[mode], qs)}
-                   for mode in MODES if mode in exact_runs and mode in scaled_runs}
-            for name, qs in sets.items()
-        }
+        for name, qs in sets.items():  # per set and mode, once both sides asked every question
+            asked_both = [mode for mode in MODES if all(
+                q.question in runs.get(mode, {}) for runs in (scaled_runs, exact_runs) for q in qs)]
+            row.setdefault("ndcg@10", {})[name] = {
+                **row.get("ndcg@10", {}).get(name, {}),
+                **{mode: {"scale": ndcg(scaled_runs[mode], qs), "exact": ndcg(exact_runs[mode], qs)}
+                   for mode in asked_both},
+            }
     if "edit" in phases:
         row["edit"] = edit_cost(store, gold)
     row[f"load_after_{'+'.join(phases)}"] = os.getloadavg()
     if kept.exists() and args.only:  # another phase may have finished meanwhile: keep its results
-        row = {**json.loads(kept.read_text()), **row}
+        latest = json.loads(kept.read_text())
+        row = {**latest, **row, "ndcg@10": {**latest.get("ndcg@10", {}), **row.get("ndcg@10", {})}}
     kept.write_text(json.dumps(row, indent=2))
     log(json.dumps(row))
     return row
+
+
+def merge_runs(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The rankings of ``new`` over those of ``kept``, mode by mode and question by question
+    (a phase run for one gold set keeps the other sets' rankings)."""
+    return {mode: {**kept.get(mode, {}), **new.get(mode, {})} for mode in {*kept, *new}}
 
 
 def edit_cost(store: Path, gold: list[tuple[Any, Any]]) -> dict[str, float]:
@@ -593,8 +605,9 @@ def main() -> None:
     parser.add_argument("--exact-max", type=int, default=200_000, help="largest size the exact path is timed at")
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--prepare-only", action="store_true", help="chunk and embed, then stop")
-    parser.add_argument("--only", choices=["build", "scale", "exact", "edit"],
-                        help="one phase per size (the others' results kept in DIR/result-<size>.json)")
+    parser.add_argument("--only", choices=["build", "scale", "exact", "edit", "alone"],
+                        help="one phase per size (the others' results kept in DIR/result-<size>.json); "
+                             "alone: each gold set in its corpus alone (DIR/gold-alone.json)")
     parser.add_argument("--ef", type=int, default=0, help="the HNSW search's breadth (0: ann.EXPANSION_SEARCH)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
                         help="the modes probed (--only scale / exact)")
@@ -614,9 +627,14 @@ def main() -> None:
         corpora, gold, originals, vectors = prepare(scratch, args.distinct, args.gold)
         if args.prepare_only:
             return
-        alone = gold_alone(scratch, corpora, gold) if args.only in (None, "exact") else {}
-        log(f"gold sets alone: {alone}")
-        results = [measure_size(scratch, corpora, gold, originals, vectors, size, args) for size in args.sizes]
+        alone = gold_alone(scratch, corpora, gold) if args.only in (None, "alone") else {}
+        if alone:
+            log(f"gold sets alone: {alone}")
+            kept = scratch / "gold-alone.json"
+            earlier = json.loads(kept.read_text()) if kept.exists() else {}
+            kept.write_text(json.dumps({**earlier, **alone, "load_after": os.getloadavg()}, indent=2))
+        results = [] if args.only == "alone" else [
+            measure_size(scratch, corpora, gold, originals, vectors, size, args) for size in args.sizes]
         print(json.dumps({"load": os.getloadavg(), "gold_alone_ndcg@10": alone, "sizes": results}, indent=2))
     finally:
         if args.keep is None:
