@@ -13,6 +13,11 @@ an edit: Tantivy applies the change, the HNSW graph journals it or, past its jou
 compacts (loads, removes and adds, rewrites the graph and its vectors file): the compaction's
 time at that size is printed with the others. Then ``search_scale.py --keep DIR --gold ...``
 measures as after a build (``--only scale|exact|alone``).
+
+``--regraph`` then rebuilds the HNSW graph from the store in one batch, in a fresh build's
+insertion order: the gold chunks first, then the copies (a build commits the gold rows first
+and the graph adds rows in rowid order; gold chunks journalled into a built graph, or added
+after the copies, are other cases: the bench's figures say which).
 """
 
 from __future__ import annotations
@@ -38,7 +43,17 @@ def main() -> None:
     parser.add_argument("--gold", nargs="+", required=True, choices=sorted(GOLD_SETS))
     parser.add_argument("--distinct", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=31)
+    parser.add_argument("--regraph", action="store_true",
+                        help="only: rebuild the graph from the store, the gold chunks inserted first")
+    parser.add_argument("--rebuild-bm25", action="store_true",
+                        help="only: rebuild Tantivy from the store (the deleted copies out of its statistics)")
     args = parser.parse_args()
+    if args.regraph:
+        regraph(args.keep / f"store-{args.size}" / "index.sqlite")
+        return
+    if args.rebuild_bm25:
+        rebuild_bm25(args.keep / f"store-{args.size}" / "index.sqlite")
+        return
 
     from pipeline.index.identity import index_hash
     from pipeline.index.scale import SCALE_ENV, ScaleSync
@@ -87,6 +102,54 @@ def main() -> None:
     }  # fmt: skip
     (args.keep / f"gold-added-{size}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+
+
+def regraph(store: Path) -> None:
+    """The graph and its vectors file rebuilt from ``store``: every gold row, then every copy
+    (each in rowid order), as a fresh build of these gold sets inserts them."""
+    import numpy as np
+
+    from pipeline.index import ann
+    from pipeline.index.scale import stamp
+    from pipeline.index.scale_reader import StoreReader
+    from pipeline.index.sqlite_store import SqliteStore
+
+    db = SqliteStore(store)
+    meta = db.meta()
+    db.close()
+    reader = StoreReader(store)
+    started = time.perf_counter()
+    keys, vectors = reader.vectors(int(meta["dim"]))
+    ids = reader.ids([int(k) for k in keys])
+    reader.close()
+    copy = np.fromiter((ids[int(k)].startswith("haystack/") for k in keys), dtype=bool, count=len(keys))
+    order = np.lexsort((keys, copy))  # gold first, each part by rowid
+    read = time.perf_counter() - started
+    log(f"{store}: {int((~copy).sum())} gold and {int(copy.sum())} copies read in {read:.0f} s; building")
+    ann.remove(store)
+    ann.HnswIndex(store, int(meta["dim"])).rebuild(keys[order], vectors[order], stamp(meta))
+    result = {"read_s": round(read, 1), "graph_s": round(time.perf_counter() - started - read, 1),
+              "gold": int((~copy).sum()), "copies": int(copy.sum()), "load_after": os.getloadavg()}
+    (store.parent.parent / "regraph.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+def rebuild_bm25(store: Path) -> None:
+    """Tantivy rebuilt from ``store`` (an applied change leaves deleted rows in its BM25
+    statistics until a merge; a fresh build has none)."""
+    from pipeline.index import bm25_tantivy
+    from pipeline.index.scale_reader import StoreReader
+
+    reader = StoreReader(store)
+    started = time.perf_counter()
+    lexical = bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(store))
+    (chunks,) = next(iter(reader.conn.execute("SELECT count(*) FROM chunks")))
+    lexical.rebuild(reader.texts(), reader.generation(), chunks=int(chunks))
+    lexical.close()
+    reader.close()
+    result = {"bm25_rebuild_s": round(time.perf_counter() - started, 1), "load_after": os.getloadavg()}
+    (store.parent.parent / "rebuild-bm25.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

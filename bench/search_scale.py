@@ -292,7 +292,10 @@ def probe(spec_path: Path) -> None:
         for q in questions[:5]:
             ask.record(q, 10, mode)
         times, runs = [], {}
-        for q in questions:
+        for n, q in enumerate(questions):
+            if spec.get("progress"):  # a long probe (the exact path at 1M) says how far it is
+                with open(spec["progress"], "a") as progress:
+                    progress.write(f"{time.strftime('%H:%M:%S')} {mode} {n}/{len(questions)}\n")
             started = time.perf_counter()
             record = ask.record(q, 10, mode)
             times.append((time.perf_counter() - started) * 1000)
@@ -381,7 +384,7 @@ def run_probe(scratch: Path, out: Path, store: Path, questions: list[str], modes
     spec = scratch / f"probe-{os.getpid()}.json"  # a probe of its own: phases may run side by side
     spec.write_text(json.dumps({"cache": str(scratch / "embed-cache.sqlite"), "out": str(out), "store": str(store),
                                 "questions": questions, "modes": list(modes), "scale": scale, "ef": ef,
-                                "share": share}))
+                                "share": share, "progress": str(scratch / "probe-progress.log")}))
     done = subprocess.run([sys.executable, __file__, "--probe", str(spec)], capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:
@@ -447,6 +450,9 @@ def measure_size(
         runs_of["scale"].write_text(json.dumps(merge_runs(found, scaled["runs"])))
     if "exact" in phases:
         exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
+        part, parts = (int(v) for v in args.part.split("/"))
+        exact_questions = exact_questions[(part - 1) * len(exact_questions) // parts :
+                                          part * len(exact_questions) // parts]  # fmt: skip
         found = json.loads(runs_of["exact"].read_text()) if runs_of["exact"].exists() and args.only else {}
         if size > args.exact_max:  # rankings only: one BM25 and one dense ranking per question
             modes = sorted(args.modes, key=lambda m: m != "hybrid")
@@ -642,6 +648,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["build", "scale", "exact", "edit", "alone"],
                         help="one phase per size (the others' results kept in DIR/result-<size>.json); "
                              "alone: each gold set in its corpus alone (DIR/gold-alone.json)")
+    parser.add_argument("--part", default="1/1", help="K/N: the exact phase asks the K-th of N slices of "
+                        "its questions (the rankings are merged, nDCG is given once a set is whole)")
     parser.add_argument("--ef", type=int, default=0, help="the HNSW search's breadth (0: ann.EXPANSION_SEARCH)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
                         help="the modes probed (--only scale / exact)")
