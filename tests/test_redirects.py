@@ -215,6 +215,54 @@ def test_renamed_document_redirects_by_hash(tmp_path: Path) -> None:
         assert target["metadata"]["sourceFile"] == "handbook.md"
 
 
+def test_a_move_seen_by_two_runs_redirects_with_a_chain(tmp_path: Path) -> None:
+    """The deletion in one run, the new place in the next (a watch killed between the two):
+    the old ids, and an older id redirected to one of them, go to the new place, as one run
+    over both would send them; past ``GONE_KEPT_S`` the ids are left unredirected."""
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    (corpus / "guide.md").write_text(DOC)
+    run(corpus, out)
+    first = chunks_of(out)
+    (corpus / "guide.md").write_text(DOC.replace("## Install", "## Installation"))  # a chain to be
+    run(corpus, out)
+    before = chunks_of(out)
+    assert redirect_map(out)
+    (corpus / "guide.md").unlink()
+    run(corpus, out)
+    assert redirect_map(out) == {}  # nothing holds the text: no redirect, none dangling
+    (corpus / "moved").mkdir()
+    (corpus / "moved/guide.md").write_text(DOC.replace("## Install", "## Installation"))
+    run(corpus, out)
+    live, redirects = chunks_of(out), redirect_map(out)
+    assert all(target in live for target in redirects.values())
+    for cid, rec in {**first, **before}.items():
+        target = resolve(cid, live, redirects)
+        assert target is not None, cid
+        assert target["metadata"]["sourceFile"] == "moved/guide.md"
+        if cid in before:
+            assert target["originalText"] == rec["originalText"]
+    moves = [e for e in feed(out) if e["event"] == "ingest.redirect" and e["new"] in live]
+    assert {e["match"] for e in moves} == {"rename"}
+
+
+def test_a_move_seen_by_two_runs_past_the_window_is_not_redirected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.run import record
+
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    (corpus / "guide.md").write_text(DOC)
+    run(corpus, out)
+    (corpus / "guide.md").unlink()
+    run(corpus, out)
+    monkeypatch.setattr(record, "GONE_KEPT_S", -1.0)  # the deletion is older than the window
+    (corpus / "handbook.md").write_text(DOC)
+    run(corpus, out)
+    assert redirect_map(out) == {}
+
+
 def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(tmp_path: Path) -> None:
     """A run that dies after writing chunk files but before its state: the journal keeps the old texts."""
     corpus, out, clean = tmp_path / "corpus", tmp_path / "out", tmp_path / "clean"

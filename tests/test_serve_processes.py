@@ -6,6 +6,7 @@ spawning real server processes), the real ONNX model and SQLite index, a plain H
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -65,18 +66,51 @@ def test_two_processes_answer_as_one_server_and_stop_together(tmp_path: Path) ->
     assert not any(_alive(pid) for pid in seen), seen
 
 
-def test_processes_with_watch_or_stdio_is_refused(tmp_path: Path) -> None:
-    """``--processes`` > 1 with ``--watch`` (one writer) or ``--mcp stdio``: exit 2, and why."""
-    for extra in (["--watch", str(tmp_path)], ["--mcp", "stdio"]):
-        done = subprocess.run(
-            [CHUNKYARD, "serve", "--out", str(tmp_path), "--processes", "2", *extra],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 2, done
-        assert "--processes 2 with" in done.stderr and "one process" in done.stderr, done.stderr
+def test_processes_with_stdio_is_refused(tmp_path: Path) -> None:
+    """``--processes`` > 1 with ``--mcp stdio`` (one process's standard streams): exit 2, and why."""
+    done = subprocess.run(
+        [CHUNKYARD, "serve", "--out", str(tmp_path), "--processes", "2", "--mcp", "stdio"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    assert "--processes 2 with --mcp stdio" in done.stderr, done.stderr
+
+
+def test_processes_with_watch_find_a_save_in_every_process(tmp_path: Path) -> None:
+    """``--processes 2 --watch``: the supervisor runs the one writer; a saved document is found
+    by both processes, and each one's ``/v1/health`` reports the writer's runs."""
+    corpus, chunks = indexed(tmp_path.parent, tmp_path / "pw")
+    word = "quixoticzebra"
+    args = ["--out", str(chunks), "--watch", str(corpus), "--processes", "2"]
+    with served(args, tmp_path) as server:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            status, health = server.get("/v1/health")
+            if status == 200 and health["writer"] and health["writer"]["syncs"] >= 1:
+                break
+            time.sleep(0.2)
+        assert health["writer"]["alive"] and health["writer"]["syncs"] >= 1, health
+        (corpus / "docs" / "zebra.md").write_text(f"# Zebra\n\nThe {word} relay signs each request.\n")
+        found: set[int] = set()
+        deadline = time.monotonic() + 180
+        while len(found) < 2 and time.monotonic() < deadline:
+            # one connection: the process that says who it is answers the search too
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+            try:
+                conn.request("GET", "/v1/health")
+                health = json.loads(conn.getresponse().read())
+                conn.request("GET", f"/v1/search?q={word}&mode=bm25&k=3")
+                record = json.loads(conn.getresponse().read())
+            finally:
+                conn.close()
+            if any(item["file"] == "docs/zebra.md" for item in record["items"]):
+                assert health["writer"]["syncs"] >= 2, health  # the run that indexed it, seen by all
+                found.add(int(health["process"]))
+            time.sleep(0.05)
+        assert len(found) == 2, found
 
 
 def test_the_shared_listener_gives_connections_without_nagles_delay() -> None:

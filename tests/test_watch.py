@@ -453,3 +453,55 @@ def test_cli_watch_stops_cleanly_on_signal(corpus: Path, tmp_path: Path, sig: si
     assert "Edited under the CLI" in text_of(out, "a.md")
     summary = ingest(Options(corpus, out, POLICY, jobs=1, wait=False))  # the lock was released
     assert (summary.added, summary.changed, summary.removed) == (0, 0, 0)
+
+
+def ids_of(out: Path, rel: str) -> list[str]:
+    return [json.loads(p.read_bytes())["chunk_id"] for p in chunk_files(out, rel)]
+
+
+def redirects_since(out: Path, before: int) -> dict[str, str]:
+    return {str(e["old"]): str(e["new"]) for e in feed(out)[before:] if e["event"] == "ingest.redirect"}
+
+
+def test_a_move_whose_delete_comes_first_keeps_its_redirects(run: Run) -> None:
+    """A move seen as a deletion, then, a moment later, a new file with the same text (a
+    tool that deletes and rewrites, or a rename into a folder inotify did not watch yet):
+    one ``ingest`` over both redirects every old id; watch must too, though the deletion
+    was ripe before the new file's first event."""
+    text, old_ids = (run.corpus / "a.md").read_text(), ids_of(run.out, "a.md")
+    before = len(feed(run.out))
+    (run.corpus / "a.md").unlink()
+    time.sleep(0.2)  # the user's pause between the two: past the debounce, inside the deletion's grace
+    run.write("moved/a.md", text)
+    run.current("moved/a.md", "Intro of A")
+    run.settle()
+    assert not chunk_files(run.out, "a.md")
+    assert redirects_since(run.out, before) == dict(zip(old_ids, ids_of(run.out, "moved/a.md"), strict=True))
+
+
+def test_a_copy_then_delete_keeps_its_redirects(run: Run) -> None:
+    """The other order: the new file is synced on its own first, the old one deleted after.
+    Its chunks were made by the sync before, which one ``ingest`` would have made in the same run."""
+    text, old_ids = (run.corpus / "sub/b.md").read_text(), ids_of(run.out, "sub/b.md")
+    before = len(feed(run.out))
+    run.write("copy/b.md", text)
+    run.current("copy/b.md", "Intro of B")
+    (run.corpus / "sub/b.md").unlink()
+    wait_until(lambda: not chunk_files(run.out, "sub/b.md"), "b.md's chunks to go")
+    run.settle()
+    assert redirects_since(run.out, before) == dict(zip(old_ids, ids_of(run.out, "copy/b.md"), strict=True))
+
+
+def test_a_rename_into_a_folder_just_made_keeps_its_redirects(run: Run) -> None:
+    """``mkdir new && mv a.md new/``: inotify may not watch ``new`` yet when the rename lands, so
+    the move can reach watch as a deletion and, later, a folder with a document in it."""
+    old_ids = ids_of(run.out, "z.markdown")
+    before = len(feed(run.out))
+    (run.corpus / "fresh").mkdir()
+    os.rename(run.corpus / "z.markdown", run.corpus / "fresh/z.markdown")
+    run.current("fresh/z.markdown", "Intro of Z")
+    run.settle()
+    assert not chunk_files(run.out, "z.markdown")
+    assert redirects_since(run.out, before) == dict(
+        zip(old_ids, ids_of(run.out, "fresh/z.markdown"), strict=True)
+    )

@@ -97,7 +97,7 @@ def serve_cmd(
             "--processes",
             min=1,
             max=64,
-            help="Server processes on one port (one core each; not with --watch).",
+            help="Server processes on one port (one core each; not with --mcp stdio).",
         ),
     ] = 1,
     query_cache: Annotated[
@@ -113,10 +113,10 @@ def serve_cmd(
         if mcp not in (None, "stdio"):
             raise UsageError(f"--mcp {mcp}: only 'stdio' (hint: MCP over HTTP is always at /mcp)")
         check_bind(host, token, insecure)
-        if processes > 1 and (watch is not None or mcp == "stdio"):
+        if processes > 1 and mcp == "stdio":
             raise UsageError(
-                f"--processes {processes} with {'--watch' if watch is not None else '--mcp stdio'}: "
-                "that runs in one process (hint: drop --processes, or run the writer as `chunkyard watch`)"
+                f"--processes {processes} with --mcp stdio: stdio is one process's "
+                "(hint: drop --processes, or serve HTTP, where MCP is at /mcp)"
             )
         _import_stack()
         code = run_server(
@@ -162,15 +162,16 @@ def run_server(
         raise UsageError(
             f"{out}: no such chunk folder (hint: chunkyard ingest CORPUS --out {out}, or --watch CORPUS)"
         )
-    if processes > 1:
-        _announce(host, port, None, quiet, f" · {processes} processes")
-        settings = {
-            "out": str(out), "store": store, "corpus": str(corpus) if corpus else None, "workers": workers,
-            "query_cache": query_cache, "max_concurrent": max_concurrent, "token": token,
-        }  # fmt: skip
-        return run_processes(settings, processes, host, port)
-    limits = Limits(max_concurrent=max_concurrent)
     writer = WriterProcess(watch, out, store, quiet=quiet) if watch is not None else None
+    if processes > 1:
+        _announce(host, port, writer, quiet, f" · {processes} processes")
+        passages_from = corpus or watch
+        settings = {
+            "out": str(out), "store": store, "corpus": str(passages_from) if passages_from else None,
+            "workers": workers, "query_cache": query_cache, "max_concurrent": max_concurrent, "token": token,
+        }  # fmt: skip
+        return run_processes(settings, processes, host, port, writer)
+    limits = Limits(max_concurrent=max_concurrent)
     if writer is not None:
         writer.start()
     handle = open_index(out, store, corpus=corpus or watch, workers=workers, query_cache=query_cache)

@@ -34,12 +34,22 @@ _CJK = re.compile(
 )
 
 
+#: Every character below the first CJK block: text made of these alone has no CJK character
+#: (one range test per character, where ``_CJK`` tests each of its ranges).
+_BELOW_CJK = re.compile("[\x00-\u2e7f]*")
+
+
+def may_hold_cjk(text: str) -> bool:
+    """False when ``text`` has no character from U+2E80 on, hence no CJK one (most texts)."""
+    return _BELOW_CJK.match(text).end() != len(text)  # type: ignore[union-attr]  # ``*`` always matches
+
+
 def analyze(text: str) -> str:
     """The text as FTS5 gets it: every CJK character a token of its own (a space either side).
 
     ``split`` on the capturing pattern alternates text and CJK characters, so joining the
     pieces by spaces is ``sub(r" \\1 ")`` without a Python call per character."""
-    return " ".join(_CJK.split(text)) if _CJK.search(text) else text
+    return " ".join(_CJK.split(text)) if may_hold_cjk(text) and _CJK.search(text) else text
 
 
 def words(query: str) -> list[str]:

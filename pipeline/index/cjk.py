@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.index.analyzer import MAX_TERMS, words
+from pipeline.index.analyzer import MAX_TERMS, may_hold_cjk, words
 
 #: The analyzer names' suffix for this analysis (the default's is ``+cjk-chars``).
 BIGRAMS = "+cjk-bigrams"
@@ -52,7 +52,7 @@ def _pieces(text: str) -> list[str]:
 
 def analyze(text: str) -> str:
     """The text as the full-text index gets it: every CJK run replaced by its bigrams, spaced."""
-    if not _RUN.search(text):
+    if not (may_hold_cjk(text) and _RUN.search(text)):
         return text
     return " ".join(_pieces(text))
 

@@ -299,7 +299,7 @@ class LanceStore:
     def _vector_column(self, vectors: Sequence[Vector]) -> Any:
         """The vectors as one fixed-size-list column, built from one contiguous float32 buffer."""
         pa = self._pa
-        flat = np.ascontiguousarray(np.stack([np.asarray(v, dtype=np.float32) for v in vectors])).reshape(-1)
+        flat = np.asarray(vectors, dtype=np.float32).reshape(-1)  # one copy, row after row
         return pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), self._dim)
 
     def _rows_table(self, rows: Sequence[ChunkRow], vectors: Sequence[Vector]) -> Any:
@@ -311,7 +311,7 @@ class LanceStore:
         columns: dict[str, Any] = dict(zip(_ROW_COLUMNS, values, strict=True))
         columns["row_digest"] = [digest for _, digest in encoded]
         columns["body"] = [self._analyze(r.embed_text) for r in rows]
-        columns["payload"] = pa.array([payload for payload, _ in encoded], pa.binary()).cast(pa.string())
+        columns["payload"] = utf8_column(pa, [payload for payload, _ in encoded])
         columns["vector"] = self._vector_column(vectors)
         return pa.table(columns, schema=self._schema("chunks"))
 
@@ -333,6 +333,30 @@ class LanceStore:
     def close(self) -> None:
         self._write_cache()
         self._chunks = self._cache = None
+
+
+#: Bytes of one part of a column ``utf8_column`` builds (Arrow's ``string`` has 32-bit offsets)
+_COLUMN_PART_BYTES = 1 << 30
+
+
+def utf8_column(pa: Any, values: Sequence[bytes]) -> Any:
+    """UTF-8 byte strings as one ``string`` column: each part's values joined into one buffer,
+    their offsets summed by numpy (``pa.array`` converts a list of bytes object by object).
+    The bytes are not checked again: ``ChunkRow.encoded``'s are orjson's, always UTF-8."""
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    ends = np.cumsum(lengths)
+    parts: list[Any] = []
+    start = 0
+    while start < len(values) or not parts:
+        base = int(ends[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(ends, base + _COLUMN_PART_BYTES, side="right")), start + 1)
+        stop = min(stop, len(values))
+        offsets = np.zeros(stop - start + 1, dtype=np.int64)
+        offsets[1:] = ends[start:stop] - base
+        buffers = [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(values[start:stop]))]
+        parts.append(pa.StringArray.from_buffers(stop - start, buffers[0], buffers[1]))
+        start = stop
+    return pa.chunked_array(parts, pa.string())
 
 
 def build_fts(table: Any) -> None:

@@ -39,7 +39,9 @@ FTS_PENDING_BYTES = 64 * 1024 * 1024
 #: 1,000). A run commits once per returned batch: at the default, every few batches a commit
 #: also copied and synced the whole WAL, and the run's last commit did so for every row it
 #: wrote. The writer checkpoints once instead, when it closes (after its commit: the index is
-#: searchable before that); this bounds the WAL in between.
+#: searchable before that); this bounds the WAL in between. The run's commit never checkpoints
+#: (``deferred_checkpoint``): with the cache's batches already in the WAL, its pages would
+#: cross this bound and make the commit wait for the whole WAL's copy and sync.
 WRITER_CHECKPOINT_PAGES = 16384
 #: Bytes a WAL file is cut back to after a checkpoint (a run's WAL may grow large; the file
 #: is then truncated rather than kept at that size for readers that keep the database open).
@@ -137,6 +139,19 @@ def prepare_writer(conn: Any) -> None:
     conn.execute("DROP INDEX IF EXISTS chunks_doc; DROP INDEX IF EXISTS chunks_source")
     conn.execute("INSERT INTO fts(fts, rank) VALUES ('hashsize', ?)", (FTS_PENDING_BYTES,))
     upgrade_cache(conn)
+
+
+@contextmanager
+def deferred_checkpoint(conn: Any) -> Iterator[None]:
+    """No automatic checkpoint at the ``COMMIT``s until the exit (SQLite checkpoints after a
+    commit that leaves the WAL over ``wal_autocheckpoint`` pages): a commit returns once its
+    pages are in the WAL, and the writer's next commit or its close copies them. Entered
+    inside a transaction, it must be left after that transaction's ``COMMIT``."""
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    try:
+        yield
+    finally:
+        conn.execute(f"PRAGMA wal_autocheckpoint={WRITER_CHECKPOINT_PAGES}")
 
 
 def checkpoint_after_writes(conn: Any) -> None:

@@ -14,7 +14,7 @@ committed index while ``index`` writes the next one.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from pipeline.index.cache_group import Entries
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.sqlite_db import (
     checkpoint_after_writes,
+    deferred_checkpoint,
     in_batches,
     open_database,
     prepare_writer,
@@ -245,7 +246,7 @@ class SqliteStore:
         model: str,
     ) -> None:
         generation = int(meta.get("generation", "0"))
-        with self._writing():
+        with self._writing(checkpoint=False):
             if upserts and any(v is not None for _, v in upserts):
                 self._ensure_vectors(next(len(v) for _, v in upserts if v is not None))
             for cid in sorted(deletes):
@@ -276,12 +277,16 @@ class SqliteStore:
             )
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """One write transaction; the first readies the connection for writing (``prepare_writer``)."""
-        with transaction(self._conn, self.path):
+    def _writing(self, *, checkpoint: bool = True) -> Iterator[None]:
+        """One write transaction; the first readies the connection for writing (``prepare_writer``).
+        ``checkpoint=False``: this transaction's ``COMMIT`` copies no WAL back into the file
+        (``deferred_checkpoint``), the run's commit: searchable without waiting for the copy."""
+        with ExitStack() as after_commit, transaction(self._conn, self.path):
             if not self._writer_ready:
                 prepare_writer(self._conn)
                 self._writer_ready = True
+            if not checkpoint:  # set after prepare_writer's own setting, reset after the COMMIT
+                after_commit.enter_context(deferred_checkpoint(self._conn))
             yield
 
     def checkpoint(self) -> None:

@@ -1,4 +1,4 @@
-"""The state database's rows: documents, chunks, redirects, output and corpus folders.
+"""The state database's rows: documents, chunks, redirects, removed ids, output and corpus folders.
 
 ``StateRows`` holds the queries and the row writes; ``db.StateDB`` adds the connection,
 the transactions and the counters it builds on. Apart so that each stays readable: the
@@ -225,6 +225,31 @@ class StateRows:
             return 0
         cursor = self.conn.executemany("DELETE FROM redirects WHERE old=?", [(old,) for old in olds])
         return max(cursor.rowcount, 0)
+
+    # -- ids of removed documents, kept a while -------------------------------------------
+
+    def keep_gone(self, ids: Iterable[tuple[str, str]], when: float, forget_before: float) -> None:
+        """Remember removed ids with their text's hash (``when``: now); forget those gone before ``forget_before``."""
+        self.conn.execute("DELETE FROM gone_ids WHERE gone_at<?", (forget_before,))
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO gone_ids VALUES(?, ?, ?)", [(c, h, when) for c, h in ids]
+        )
+
+    def take_gone(self, hashes: Iterable[str], since: float) -> list[tuple[str, str]]:
+        """The removed ids (with their hash) gone at ``since`` or later whose text has one of
+        ``hashes``; they are forgotten (the caller redirects them)."""
+        if self.conn.execute("SELECT 1 FROM gone_ids LIMIT 1").fetchone() is None:
+            return []
+        found: list[tuple[str, str]] = []
+        for digest in set(hashes):
+            found.extend(
+                self.conn.execute(
+                    "SELECT chunk_id, hash FROM gone_ids WHERE hash=? AND gone_at>=? ORDER BY chunk_id",
+                    (digest, since),
+                ).fetchall()
+            )
+        self.conn.executemany("DELETE FROM gone_ids WHERE chunk_id=?", [(c,) for c, _ in found])
+        return found
 
     def all_redirects(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT old, new FROM redirects ORDER BY old").fetchall())

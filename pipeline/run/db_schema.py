@@ -11,6 +11,9 @@ One SQLite file (stdlib ``sqlite3``, WAL) holds what ``manifest.json``, ``redire
   ``doc:<name>::ch<n>`` (docs/spec.md, The chunk file), so a lookup by ``id`` is one by document name
   (``docs_name``) and number;
 - ``redirects``: old ``chunk_id`` → live ``chunk_id``;
+- ``gone_ids``: the ids of removed documents that no chunk took, with their text's hash and
+  when they went, for a while (``record.GONE_KEPT_S``): a move whose other half a later run
+  brings (a watch killed between the two) still redirects them;
 - ``inflight``: documents a sync is touching, written before it touches any and replaced
   when it ends: what a killed run leaves is what to re-check;
 - ``feed``: the change feed, one row per line with its sequence number (``feed.py``);
@@ -55,6 +58,9 @@ CREATE INDEX IF NOT EXISTS chunks_chunk_id ON chunks(chunk_id);
 CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash, gen);
 CREATE TABLE IF NOT EXISTS redirects(old TEXT PRIMARY KEY, new TEXT NOT NULL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS redirects_new ON redirects(new);
+CREATE TABLE IF NOT EXISTS gone_ids(chunk_id TEXT PRIMARY KEY, hash TEXT NOT NULL, gone_at REAL NOT NULL)
+    WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS gone_ids_hash ON gone_ids(hash);
 CREATE TABLE IF NOT EXISTS inflight(rel TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS folders(folder TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS srcdirs(folder TEXT PRIMARY KEY, sig BLOB NOT NULL) WITHOUT ROWID;

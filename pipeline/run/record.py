@@ -7,7 +7,9 @@ until the sync ends: a run that dies is re-checked whole by the next (which rewr
 announces nothing the state already has), so what spans documents (a rename found by
 hash, a ``doc_uid|r`` collision) is decided again over the same documents.
 ``record_gone`` does the same for a document that is gone (a rename is found by hash
-among the chunks made now), and ``sweep_orphans`` for files no document claims. Every
+among the chunks made now; ids no chunk took are kept a while, ``GONE_KEPT_S``, and a
+document recorded later that holds their text takes them: a move whose halves two runs
+saw), and ``sweep_orphans`` for files no document claims. Every
 corpus-wide question (who claims a file, is an id live, which redirects point at a
 vanished id) is an indexed query, so recording a document costs that document, not the
 corpus.
@@ -16,6 +18,8 @@ corpus.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,10 @@ from pipeline.run.discover import walk
 from pipeline.run.model import DocResult
 from pipeline.run.state import STATE_DIR, event
 from pipeline.run.writer import StateWriter
+
+#: Seconds a removed document's ids wait for their text to come back elsewhere (a move seen
+#: as a deletion, then a creation in a later run: a watch killed between the two).
+GONE_KEPT_S = 60.0
 
 
 def record_result(result: DocResult, writer: StateWriter, rev_width: int | None = None) -> None:
@@ -78,6 +86,7 @@ def record_result(result: DocResult, writer: StateWriter, rev_width: int | None 
         stale = [(i, f) for i, f in enumerate(prev.get("files", ())) if f not in now]
         _remove(writer, rel, prev, stale)
         _redirect(writer, result.redirects, vanished, live, hashes)
+        _redirect_gone(writer, result.chunk_ids, result.hashes)
         writer.folder_whole(rel)
 
     if writer.write(rel, work):
@@ -183,6 +192,25 @@ def _redirect(
         writer.add_feed_line("ingest.redirect", old=old, new=new, chunk_id=new, hash=digest, match=how)
 
 
+def _redirect_gone(writer: StateWriter, chunk_ids: Sequence[str], hashes: Sequence[str]) -> None:
+    """Ids of a document removed a moment ago whose text this document now holds: the other
+    half of its move, which an earlier run saw; each goes to the first chunk with its text."""
+    db = writer.db
+    found = db.take_gone(hashes, time.time() - GONE_KEPT_S)
+    if not found:
+        return
+    first: dict[str, str] = {}
+    for chunk_id, digest in zip(chunk_ids, hashes, strict=True):
+        first.setdefault(digest, chunk_id)
+    for old, digest in found:
+        new = first[digest]
+        if old == new or db.is_live(old) or db.redirect(old) == new:
+            continue
+        db.set_redirect(old, new)
+        writer.summary.redirects += 1
+        writer.add_feed_line("ingest.redirect", old=old, new=new, chunk_id=new, hash=digest, match="rename")
+
+
 def record_gone(writer: StateWriter, rel: str) -> None:
     """Record a document that is gone: its files go, its ids redirect to chunks made now with equal text."""
     db = writer.db
@@ -194,12 +222,21 @@ def record_gone(writer: StateWriter, rel: str) -> None:
     def work() -> None:
         db.drop_doc(rel)  # first: its own ids are not live any more
         renamed: dict[str, tuple[str, str]] = {}
+        kept: dict[str, str] = {}  # id → hash: no chunk has its text now
         for cid, digest in zip(cids, hashes, strict=False):
             if db.is_live(cid):
                 continue
             made = db.made_with_hash(digest, writer.made_since or writer.generation)
+            if made is None and writer.moves_since:  # the move's other half, synced a moment before
+                made = db.made_with_hash(digest, writer.moves_since)
             if made is not None and made[0] != cid:
                 renamed[cid] = (made[0], "rename")
+            elif made is None:
+                kept[cid] = digest
+        if kept:  # with the ids redirected to them, whose redirects go below
+            chains = [(old, kept[target]) for old, target in db.redirects_to(kept)]
+            now = time.time()
+            db.keep_gone([*kept.items(), *chains], now, now - GONE_KEPT_S)
         _remove(writer, rel, entry, list(enumerate(entry.get("files", ()))))
         targets = {new for new, _ in renamed.values()}
         _redirect(writer, renamed, list(cids), set(), {t: db.hash_of(t) for t in targets})

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Self
@@ -46,6 +47,10 @@ POLL_INTERVAL = 0.25
 #: of the whole corpus unlinks its documents before the folder, and removing their chunks
 #: in between would undo "a vanished corpus keeps its chunks".
 DELETE_GRACE = 0.5
+#: A removed document's ids with no equal text made now redirect to equal text made by the
+#: syncs of this many seconds before its removal: the two halves of a move (a copy, then a
+#: delete) may land in two syncs, where one ``ingest`` over both would see the move.
+MOVE_WINDOW = 2.0
 
 
 @dataclass(slots=True)
@@ -104,6 +109,8 @@ class Watcher:
         self._syncing = False
         self._observer: BaseObserver | None = None
         self._observer_gone = threading.Event()
+        #: (when it ended, its generation) of the recent syncs that wrote, the first aside: ``MOVE_WINDOW``
+        self._recent: deque[tuple[float, int]] = deque()
         self._thread = threading.Thread(target=self._work, name="chunkyard-watch", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -259,16 +266,27 @@ class Watcher:
                     ripe = [k for k, t in due.items() if t <= now + self.debounce / 2]
                     folders = tuple(rel + "/" for rel, is_folder in ripe if is_folder)
                     ripe += [k for k in due if folders and k[0].startswith(folders) and k not in ripe]
-                    keys = set(ripe)
-                    todo = list(ripe)
-                    while todo:
-                        for partner in self._partners.pop(todo.pop(), ()):
-                            if partner not in keys:
-                                keys.add(partner)
-                                todo.append(partner)
                     self._syncing = True
-                    return {k: self._pending.pop(k) for k in keys if k in self._pending}
+                    return self._take(ripe)
                 self._cond.wait(min(due.values()) - now if due else None)
+
+    def _take(self, keys: Iterable[Key]) -> dict[Key, _Mark]:
+        """Pop ``keys``' marks and their rename partners' (the caller holds ``_cond``)."""
+        taken = set(keys)
+        todo = list(taken)
+        while todo:
+            for partner in self._partners.pop(todo.pop(), ()):
+                if partner not in taken:
+                    taken.add(partner)
+                    todo.append(partner)
+        return {k: self._pending.pop(k) for k in taken if k in self._pending}
+
+    def _arrivals(self) -> dict[Key, _Mark]:
+        """Pop the marks of new documents and of folders: what arrived while a deletion waited
+        out its grace may be the other half of its move, which one sync must see to redirect."""
+        db = self._session.db
+        with self._cond:
+            return self._take([k for k in self._pending if k[1] or db.stamp(k[0]) is None])
 
     def _expand(self, folder: str) -> set[str]:
         """Documents the state has under ``folder``, and those there now."""
@@ -280,29 +298,38 @@ class Watcher:
             paths.update(prefix + f.rel_path for f in found)
         return paths
 
+    def _paths(self, batch: dict[Key, _Mark]) -> set[str]:
+        """The documents a batch touches: its paths and its folders' documents, now or in the state."""
+        db, opts = self._session.db, self.opts
+        paths: set[str] = set()
+        for rel, is_folder in batch:
+            paths.update(self._expand(rel) if is_folder else (rel,))
+        return {
+            p
+            for p in paths
+            if db.stamp(p) is not None or find_one(opts.corpus, p, opts.out, opts.exclude) is not None
+        }
+
     def _sync_batch(self, batch: dict[Key, _Mark]) -> None:
         try:
-            db = self._session.db
-            paths: set[str] = set()
-            for rel, is_folder in batch:
-                paths.update(self._expand(rel) if is_folder else (rel,))
             opts = self.opts
-            paths = {
-                p
-                for p in paths
-                if db.stamp(p) is not None or find_one(opts.corpus, p, opts.out, opts.exclude) is not None
-            }
+            paths = self._paths(batch)
             if not paths:
                 return
-            deleted = [p for p in paths if not (opts.corpus / p).is_file()]
-            if deleted:
+            if any(not (opts.corpus / p).is_file() for p in paths):
                 self._grace(max(m.last for m in batch.values()) + DELETE_GRACE)
+                if arrivals := self._arrivals():
+                    batch = {**batch, **arrivals}
+                    paths |= self._paths(arrivals)
             if self.fatal is not None:
                 return
             if not opts.corpus.is_dir():  # syncing now would remove every chunk
                 self.corpus_gone()
                 return
             first = min(m.first for m in batch.values())
+            while self._recent and self._recent[0][0] < first - MOVE_WINDOW:
+                self._recent.popleft()
+            self._session.moves_since = self._recent[0][1] if self._recent else 0
             renames = {rel: m.renamed_from for (rel, _), m in batch.items() if m.renamed_from}
             self._emit(self._run_sync(sorted(paths), initial=False, since=first, renames=renames))
         finally:
@@ -337,7 +364,7 @@ class Watcher:
         def keep(r: DocResult) -> None:
             results[r.rel_path] = Done(r.error, len(r.added) + len(r.changed), len(r.files), ms_of(r))
 
-        started = time.monotonic()
+        started, generation = time.monotonic(), db.meta_int("generation")
         try:
             summary = self._session.sync(paths, on_result=keep)
         except Exception as exc:  # noqa: BLE001 - a bug or a full disk: report it, keep watching
@@ -347,6 +374,8 @@ class Watcher:
                 self.fatal = report.error
             return report
         ended = time.monotonic()
+        if not initial and db.meta_int("generation") != generation:
+            self._recent.append((ended, db.meta_int("generation")))
         gone = self._session.gone
         names = set(results) | set(gone) if paths is None else set(paths)
         changes = tuple(

@@ -37,7 +37,7 @@ from pipeline.errors import PipelineError
 from pipeline.serve.handle import IndexHandle
 from pipeline.serve.limits import Limits, ServeError, as_serve_error
 from pipeline.serve.metrics import Metrics
-from pipeline.serve.watching import WriterProcess
+from pipeline.serve.watching import WriterView
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -177,7 +177,7 @@ def create_app(
     limits: Limits | None = None,
     token: str | None = None,
     host: str = "127.0.0.1",
-    writer: WriterProcess | None = None,
+    writer: WriterView | None = None,
     mcp: bool = True,
 ) -> Any:
     """The ASGI application: FastAPI routes, ``/mcp`` (streamable HTTP), wrapped in ``Guard``."""

@@ -11,8 +11,9 @@ What they share: the socket, the index on disk (each reads the last committed on
 the request metrics (Prometheus' multiprocess mode: each process writes its counters to
 files in a private temporary folder, and ``/metrics`` sums them, whichever process
 answers). Each process loads the model and the vectors once (memory grows with N).
-``--watch`` (one writer, whose state the one serving process reads) and ``--mcp stdio``
-run in one process.
+With ``--watch`` the supervisor runs the one writer; each process answers from the last
+index the writer committed, as any reader does, and reads the writer's state from a file
+the supervisor rewrites after each of its reports. ``--mcp stdio`` runs in one process.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.serve.watching import WriterProcess
 
 #: How a spawned server process learns its settings (JSON; read once, then removed).
 SETTINGS_ENV = "CHUNKYARD_SERVE_PROCESS"
@@ -33,6 +37,8 @@ SETTINGS_ENV = "CHUNKYARD_SERVE_PROCESS"
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Seconds a starting process may take to answer the supervisor (it loads the model and the vectors first).
 HEALTHCHECK_S = 120
+#: The writer's state, in the private folder (``--watch``).
+WRITER_STATE = "writer.json"
 
 
 def uvicorn_options(host: str, port: int) -> dict[str, Any]:
@@ -63,16 +69,23 @@ def log_plainly() -> None:
     logger.propagate = False
 
 
-def run_processes(settings: dict[str, Any], processes: int, host: str, port: int) -> int:
+def run_processes(
+    settings: dict[str, Any], processes: int, host: str, port: int, writer: WriterProcess | None = None
+) -> int:
     """Serve with ``processes`` spawned server processes until a signal; the exit code.
 
     ``settings``: what each process opens and how it guards (``out``, ``store``, ``corpus``,
-    ``workers``, ``query_cache``, ``max_concurrent``, ``token``)."""
+    ``workers``, ``query_cache``, ``max_concurrent``, ``token``). ``writer`` (``--watch``) is
+    started here, before the processes, and stopped after them."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
     with tempfile.TemporaryDirectory(prefix="chunkyard-serve-metrics-") as metrics:
         os.environ[METRICS_ENV] = metrics
+        if writer is not None:
+            writer.state_file = Path(metrics) / WRITER_STATE
+            settings = {**settings, "writer_state": str(writer.state_file), "watch": str(writer.corpus)}
+            writer.start()
         os.environ[SETTINGS_ENV] = json.dumps({**settings, "host": host})
         try:
             config = uvicorn.Config(
@@ -87,6 +100,8 @@ def run_processes(settings: dict[str, Any], processes: int, host: str, port: int
         finally:
             os.environ.pop(SETTINGS_ENV, None)
             os.environ.pop(METRICS_ENV, None)
+            if writer is not None:
+                writer.stop()
     return 0
 
 
@@ -112,6 +127,7 @@ def process_app() -> Any:
     from pipeline.serve.app import create_app
     from pipeline.serve.handle import open_index
     from pipeline.serve.limits import Limits
+    from pipeline.serve.watching import WriterStateFile
 
     log_plainly()
     settings = json.loads(os.environ.pop(SETTINGS_ENV))
@@ -125,7 +141,12 @@ def process_app() -> Any:
     with contextlib.suppress(PipelineError):  # no index yet: the first search says so
         handle.warm()
     limits = Limits(max_concurrent=int(settings["max_concurrent"]))
-    return create_app(handle, limits=limits, token=settings.get("token"), host=settings["host"])
+    writer = None
+    if settings.get("writer_state"):
+        writer = WriterStateFile(Path(settings["writer_state"]), Path(settings["watch"]))
+    return create_app(
+        handle, limits=limits, token=settings.get("token"), host=settings["host"], writer=writer
+    )
 
 
 __all__ = ("log_plainly", "process_app", "run_processes", "tcp_listener", "uvicorn_options")

@@ -21,7 +21,7 @@ from pipeline._version import __version__
 from pipeline.serve.handle import IndexHandle
 from pipeline.serve.limits import Limits
 from pipeline.serve.metrics import CONTENT_TYPE, Metrics
-from pipeline.serve.watching import WriterProcess
+from pipeline.serve.watching import WriterView
 
 Mode = Literal["hybrid", "dense", "bm25"]
 #: What the search routes answer, for the OpenAPI document (they send the bytes themselves).
@@ -47,7 +47,7 @@ class SearchBody(BaseModel):
 
 
 def build_router(
-    handle: IndexHandle, limits: Limits, metrics: Metrics, writer: WriterProcess | None
+    handle: IndexHandle, limits: Limits, metrics: Metrics, writer: WriterView | None
 ) -> APIRouter:
     """The ``/v1`` routes, ``/metrics``, over one handle."""
     router = APIRouter()

@@ -3,6 +3,9 @@
 The server holds the child's standard input open; when the server dies, however it dies,
 the pipe closes and the child stops. The reports (JSON lines) feed ``/v1/health`` and the
 metrics: whether the writer runs, its last index run, how many, the last errors.
+
+Under ``serve --processes N`` the supervisor holds the one writer and writes its state to
+a file after each report; every server process reads it there (``WriterStateFile``).
 """
 
 from __future__ import annotations
@@ -14,22 +17,44 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
+
+from pipeline.run.emit import write_atomic
 
 #: Seconds ``stop`` waits for the writer to finish its sync before killing it.
 STOP_TIMEOUT = 30.0
 
 
-class WriterProcess:
-    """The writer child of one ``serve --watch``."""
+class WriterView(Protocol):
+    """What ``/v1/health`` and the metrics read of the writer."""
 
-    def __init__(self, corpus: Path, out: Path, store: str | None = None, *, quiet: bool = False) -> None:
+    corpus: Path
+
+    def state(self) -> dict[str, Any]: ...
+
+
+class WriterProcess:
+    """The writer child of one ``serve --watch``.
+
+    ``state_file``: where its state is written (whole, temp + rename) after each report, for
+    server processes other than this one (``--processes``)."""
+
+    def __init__(
+        self,
+        corpus: Path,
+        out: Path,
+        store: str | None = None,
+        *,
+        quiet: bool = False,
+        state_file: Path | None = None,
+    ) -> None:
         self.corpus = corpus
         self.out = out
         self.store = store
         self.quiet = quiet
+        self.state_file = state_file
         self.ready = threading.Event()  #: set once the first sync is indexed (or the writer ended)
         self.syncs = 0
         self.last_sync: float | None = None
@@ -50,6 +75,7 @@ class WriterProcess:
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
+        self._publish()
         for raw in self._proc.stdout:
             try:
                 event = orjson.loads(raw)
@@ -68,7 +94,14 @@ class WriterProcess:
                 self.errors.append(str(event.get("message", "")))
                 if not self.quiet:
                     sys.stderr.write(f"chunkyard serve: writer {kind}: {event.get('message', '')}\n")
-        self.ready.set()  # the writer ended: nobody waits for it any longer
+            self._publish()
+        self._proc.wait()
+        self._publish()  # the writer ended: say so
+        self.ready.set()  # and nobody waits for it any longer
+
+    def _publish(self) -> None:
+        if self.state_file is not None:
+            write_atomic(self.state_file, orjson.dumps(self.state()))
 
     @property
     def alive(self) -> bool:
@@ -102,3 +135,19 @@ class WriterProcess:
             proc.wait()
         if self._reader is not None:
             self._reader.join(5)
+
+
+class WriterStateFile:
+    """A server process's view of the writer that its supervisor holds (``--processes``)."""
+
+    def __init__(self, path: Path, corpus: Path) -> None:
+        self.path = path
+        self.corpus = corpus
+
+    def state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = orjson.loads(self.path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):  # not written yet: the writer is starting
+            return {"alive": True, "corpus": str(self.corpus), "syncs": 0, "last_sync": None,
+                    "index_hash": None, "last_latency_ms": None, "errors": [], "exit_code": None}  # fmt: skip
+        return state
