@@ -261,6 +261,31 @@ def test_a_move_seen_by_two_runs_past_the_window_is_not_redirected(
     (corpus / "handbook.md").write_text(DOC)
     run(corpus, out)
     assert redirect_map(out) == {}
+    (corpus / "handbook.md").unlink()  # and the new place older than it, the other way round
+    run(corpus, out)
+    assert redirect_map(out) == {}
+
+
+def test_a_copy_then_a_delete_seen_by_two_runs_redirects(tmp_path: Path) -> None:
+    """The new place in one run, the deletion in the next (a watch killed between the two):
+    the removed document's ids go to the copy made a moment before."""
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    corpus.mkdir()
+    (corpus / "guide.md").write_text(DOC)
+    (corpus / "other.md").write_text("# Other\n\nA first run is not a move's new place.\n")
+    run(corpus, out)
+    before = chunks_of(out)
+    (corpus / "copy").mkdir()
+    (corpus / "copy/guide.md").write_text(DOC)
+    run(corpus, out)
+    (corpus / "guide.md").unlink()
+    run(corpus, out)
+    live, redirects = chunks_of(out), redirect_map(out)
+    for cid, rec in before.items():
+        if rec["metadata"]["sourceFile"] == "guide.md":
+            target = resolve(cid, live, redirects)
+            assert target is not None and target["metadata"]["sourceFile"] == "copy/guide.md", cid
+            assert target["originalText"] == rec["originalText"]
 
 
 def test_redirects_survive_a_crash_after_the_old_files_were_overwritten(tmp_path: Path) -> None:

@@ -251,6 +251,22 @@ class StateRows:
         self.conn.executemany("DELETE FROM gone_ids WHERE chunk_id=?", [(c,) for c, _ in found])
         return found
 
+    def keep_born(self, ids: Iterable[tuple[str, str]], when: float, forget_before: float) -> None:
+        """Remember the ids (with their text's hash) of a document new to the state; forget older ones."""
+        self.conn.execute("DELETE FROM born_ids WHERE born_at<?", (forget_before,))
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO born_ids VALUES(?, ?, ?)", [(c, h, when) for c, h in ids]
+        )
+
+    def born_with_hash(self, digest: str, since: float) -> str | None:
+        """The first live chunk (document order) with this hash of a document new at ``since`` or later."""
+        row = self.conn.execute(
+            "SELECT c.chunk_id FROM born_ids b JOIN chunks c ON c.chunk_id=b.chunk_id "
+            "WHERE b.hash=? AND b.born_at>=? ORDER BY c.rel, c.n LIMIT 1",
+            (digest, since),
+        ).fetchone()
+        return str(row[0]) if row else None
+
     def all_redirects(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT old, new FROM redirects ORDER BY old").fetchall())
 

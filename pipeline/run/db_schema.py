@@ -11,9 +11,10 @@ One SQLite file (stdlib ``sqlite3``, WAL) holds what ``manifest.json``, ``redire
   ``doc:<name>::ch<n>`` (docs/spec.md, The chunk file), so a lookup by ``id`` is one by document name
   (``docs_name``) and number;
 - ``redirects``: old ``chunk_id`` → live ``chunk_id``;
-- ``gone_ids``: the ids of removed documents that no chunk took, with their text's hash and
-  when they went, for a while (``record.GONE_KEPT_S``): a move whose other half a later run
-  brings (a watch killed between the two) still redirects them;
+- ``gone_ids`` and ``born_ids``: the ids of removed documents that no chunk took, and those
+  of documents new to the state, with their text's hash and when, for a while
+  (``record.GONE_KEPT_S``): a move whose halves two runs saw (a watch killed between the
+  two) still redirects, whichever half came first;
 - ``inflight``: documents a sync is touching, written before it touches any and replaced
   when it ends: what a killed run leaves is what to re-check;
 - ``feed``: the change feed, one row per line with its sequence number (``feed.py``);
@@ -61,6 +62,11 @@ CREATE INDEX IF NOT EXISTS redirects_new ON redirects(new);
 CREATE TABLE IF NOT EXISTS gone_ids(chunk_id TEXT PRIMARY KEY, hash TEXT NOT NULL, gone_at REAL NOT NULL)
     WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS gone_ids_hash ON gone_ids(hash);
+CREATE INDEX IF NOT EXISTS gone_ids_at ON gone_ids(gone_at);
+CREATE TABLE IF NOT EXISTS born_ids(chunk_id TEXT PRIMARY KEY, hash TEXT NOT NULL, born_at REAL NOT NULL)
+    WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS born_ids_hash ON born_ids(hash);
+CREATE INDEX IF NOT EXISTS born_ids_at ON born_ids(born_at);
 CREATE TABLE IF NOT EXISTS inflight(rel TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS folders(folder TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS srcdirs(folder TEXT PRIMARY KEY, sig BLOB NOT NULL) WITHOUT ROWID;

@@ -7,9 +7,9 @@ until the sync ends: a run that dies is re-checked whole by the next (which rewr
 announces nothing the state already has), so what spans documents (a rename found by
 hash, a ``doc_uid|r`` collision) is decided again over the same documents.
 ``record_gone`` does the same for a document that is gone (a rename is found by hash
-among the chunks made now; ids no chunk took are kept a while, ``GONE_KEPT_S``, and a
-document recorded later that holds their text takes them: a move whose halves two runs
-saw), and ``sweep_orphans`` for files no document claims. Every
+among the chunks made now, or of a document new a moment ago; ids no chunk took are kept
+a while, ``GONE_KEPT_S``, and a document recorded later that holds their text takes them:
+a move whose halves two runs saw), and ``sweep_orphans`` for files no document claims. Every
 corpus-wide question (who claims a file, is an id live, which redirects point at a
 vanished id) is an indexed query, so recording a document costs that document, not the
 corpus.
@@ -33,8 +33,9 @@ from pipeline.run.model import DocResult
 from pipeline.run.state import STATE_DIR, event
 from pipeline.run.writer import StateWriter
 
-#: Seconds a removed document's ids wait for their text to come back elsewhere (a move seen
-#: as a deletion, then a creation in a later run: a watch killed between the two).
+#: Seconds a removed document's ids wait for their text to come back elsewhere, and a new
+#: document's ids are a removed one's possible new place: a move whose halves two runs saw
+#: (a watch killed between the two).
 GONE_KEPT_S = 60.0
 
 
@@ -87,6 +88,9 @@ def record_result(result: DocResult, writer: StateWriter, rev_width: int | None 
         _remove(writer, rel, prev, stale)
         _redirect(writer, result.redirects, vanished, live, hashes)
         _redirect_gone(writer, result.chunk_ids, result.hashes)
+        if not prev and writer.keep_births:  # new to the state: the other half of a move, perhaps
+            born = time.time()
+            db.keep_born(zip(result.chunk_ids, result.hashes, strict=True), born, born - GONE_KEPT_S)
         writer.folder_whole(rel)
 
     if writer.write(rel, work):
@@ -227,8 +231,9 @@ def record_gone(writer: StateWriter, rel: str) -> None:
             if db.is_live(cid):
                 continue
             made = db.made_with_hash(digest, writer.made_since or writer.generation)
-            if made is None and writer.moves_since:  # the move's other half, synced a moment before
-                made = db.made_with_hash(digest, writer.moves_since)
+            if made is None:  # the move's other half, recorded by a run a moment before
+                born = db.born_with_hash(digest, time.time() - GONE_KEPT_S)
+                made = (born, digest) if born is not None else None
             if made is not None and made[0] != cid:
                 renamed[cid] = (made[0], "rename")
             elif made is None:

@@ -76,9 +76,6 @@ class Session:
         self.gone: dict[str, int] = {}
         #: one ``ingest``, not a long ``watch``: a worker may load the chunker itself (``_warm``)
         self.one_shot = False
-        #: a removed document's ids with no equal text made now redirect to equal text made
-        #: in this generation or later (watch: a move whose halves two syncs saw; 0: none)
-        self.moves_since = 0
         self._lock: Any = None
         #: the executor that holds processes or a connection (guard pool, Ray), kept across syncs
         self._executor: Executor[Job, DocResult] | None = None
@@ -171,7 +168,7 @@ class Session:
             whole=whole,
             copy_behind=self.one_shot,
             max_docs_per_commit=1 if commit_each else BATCH,
-            moves_since=self.moves_since,
+            keep_births=not self._output_was_empty,
         )
 
     def _context(self, whole: bool) -> Context:

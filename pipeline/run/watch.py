@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,10 +46,6 @@ POLL_INTERVAL = 0.25
 #: of the whole corpus unlinks its documents before the folder, and removing their chunks
 #: in between would undo "a vanished corpus keeps its chunks".
 DELETE_GRACE = 0.5
-#: A removed document's ids with no equal text made now redirect to equal text made by the
-#: syncs of this many seconds before its removal: the two halves of a move (a copy, then a
-#: delete) may land in two syncs, where one ``ingest`` over both would see the move.
-MOVE_WINDOW = 2.0
 
 
 @dataclass(slots=True)
@@ -109,8 +104,6 @@ class Watcher:
         self._syncing = False
         self._observer: BaseObserver | None = None
         self._observer_gone = threading.Event()
-        #: (when it ended, its generation) of the recent syncs that wrote, the first aside: ``MOVE_WINDOW``
-        self._recent: deque[tuple[float, int]] = deque()
         self._thread = threading.Thread(target=self._work, name="chunkyard-watch", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -282,11 +275,13 @@ class Watcher:
         return {k: self._pending.pop(k) for k in taken if k in self._pending}
 
     def _arrivals(self) -> dict[Key, _Mark]:
-        """Pop the marks of new documents and of folders: what arrived while a deletion waited
-        out its grace may be the other half of its move, which one sync must see to redirect."""
-        db = self._session.db
+        """Pop the marks of new documents, of other deletions and of folders: what came while a
+        deletion waited out its grace may be the other half of a move, best seen in one sync."""
+        db, corpus = self._session.db, self.opts.corpus
         with self._cond:
-            return self._take([k for k in self._pending if k[1] or db.stamp(k[0]) is None])
+            return self._take(
+                [k for k in self._pending if k[1] or db.stamp(k[0]) is None or not (corpus / k[0]).is_file()]
+            )
 
     def _expand(self, folder: str) -> set[str]:
         """Documents the state has under ``folder``, and those there now."""
@@ -327,9 +322,6 @@ class Watcher:
                 self.corpus_gone()
                 return
             first = min(m.first for m in batch.values())
-            while self._recent and self._recent[0][0] < first - MOVE_WINDOW:
-                self._recent.popleft()
-            self._session.moves_since = self._recent[0][1] if self._recent else 0
             renames = {rel: m.renamed_from for (rel, _), m in batch.items() if m.renamed_from}
             self._emit(self._run_sync(sorted(paths), initial=False, since=first, renames=renames))
         finally:
@@ -364,7 +356,7 @@ class Watcher:
         def keep(r: DocResult) -> None:
             results[r.rel_path] = Done(r.error, len(r.added) + len(r.changed), len(r.files), ms_of(r))
 
-        started, generation = time.monotonic(), db.meta_int("generation")
+        started = time.monotonic()
         try:
             summary = self._session.sync(paths, on_result=keep)
         except Exception as exc:  # noqa: BLE001 - a bug or a full disk: report it, keep watching
@@ -374,8 +366,6 @@ class Watcher:
                 self.fatal = report.error
             return report
         ended = time.monotonic()
-        if not initial and db.meta_int("generation") != generation:
-            self._recent.append((ended, db.meta_int("generation")))
         gone = self._session.gone
         names = set(results) | set(gone) if paths is None else set(paths)
         changes = tuple(

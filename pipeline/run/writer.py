@@ -66,9 +66,9 @@ class StateWriter:
     #: chunks "made now" (a rename's new place) are those of this generation or later: the
     #: generation of the first of the runs that died before this one finished their work
     made_since: int = 0
-    #: where no equal text was made now, a gone document's ids may redirect to equal text
-    #: made in this generation or later (``Session.moves_since``; 0: not at all)
-    moves_since: int = 0
+    #: remember the chunks of documents new to the state for a while (``record.GONE_KEPT_S``):
+    #: not in a first run, where every document is new
+    keep_births: bool = True
     uid_revs: dict[str, str] = field(default_factory=dict)  #: documents recorded now → their ``doc_uid|r``
     with_vanished_ids: set[str] = field(default_factory=set)  #: documents some of whose old ids went
     unsafe: set[str] = field(default_factory=set)  #: documents whose write failed half-way
