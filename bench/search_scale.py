@@ -22,8 +22,10 @@
    each gold set's nDCG@10 in the haystack (scale and exact) and in its corpus alone.
 
 ``--only build|scale|exact|edit`` runs one phase per size (``--keep``: the results so far
-are kept in ``DIR/result-<size>.json``), so a million is built under ``nice`` and measured in
-locked runs of a few minutes. ``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
+are kept in ``DIR/result-<size>.json``, the rankings merged question by question, so a phase
+may be run for one gold set at a time), so a million is built under ``nice`` and measured in
+locked runs of a few minutes; ``--only alone`` ranks each gold set in its corpus alone
+(``DIR/gold-alone.json``: the haystack's cost). ``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
 re-uses each store whose size and seed match.
 """
 
@@ -283,12 +285,17 @@ def probe(spec_path: Path) -> None:
     if not spec["scale"] and ask._scale is not None:
         ask._scale.close()
         ask._scale = None
+    if spec.get("share"):
+        share_rankings(ask)
     result: dict[str, Any] = {"scale": spec["scale"], "modes": {}, "runs": {}}
     for mode in spec["modes"]:
         for q in questions[:5]:
             ask.record(q, 10, mode)
         times, runs = [], {}
-        for q in questions:
+        for n, q in enumerate(questions):
+            if spec.get("progress"):  # a long probe (the exact path at 1M) says how far it is
+                with open(spec["progress"], "a") as progress:
+                    progress.write(f"{time.strftime('%H:%M:%S')} {mode} {n}/{len(questions)}\n")
             started = time.perf_counter()
             record = ask.record(q, 10, mode)
             times.append((time.perf_counter() - started) * 1000)
@@ -306,6 +313,31 @@ def probe(spec_path: Path) -> None:
     result["rss_by_mapping_mb"] = _rss_by_mapping(Path(spec["store"]))
     ask.close()
     print(json.dumps(result))
+
+
+def share_rankings(ask: Any) -> None:
+    """One BM25 and one dense ranking per question, shared by the modes (asked hybrid first, at
+    the fusion's depth; BM25 and dense take its head): the exact path at 1M costs seconds a
+    ranking, and nDCG needs the rankings, not their time. The timings of such a probe mean
+    nothing."""
+    lexical_of: dict[str, tuple[int, list[Any], bool]] = {}
+    dense_of: dict[bytes, tuple[int, list[Any]]] = {}
+    lexical, dense = ask._lexical, ask.db.dense
+
+    def shared_lexical(db: Any, query: str, depth: int) -> tuple[list[Any], bool]:
+        if query not in lexical_of or lexical_of[query][0] < depth:
+            lexical_of[query] = (depth, *lexical(db, query, depth))
+        _, hits, by_substring = lexical_of[query]
+        return hits[:depth], by_substring
+
+    def shared_dense(vector: Any, k: int) -> list[Any]:
+        key = bytes(memoryview(vector))
+        if key not in dense_of or dense_of[key][0] < k:
+            dense_of[key] = (k, dense(vector, k))
+        return dense_of[key][1][:k]
+
+    ask._lexical = shared_lexical
+    ask.db.dense = shared_dense
 
 
 def _rss_mb(field: str = "VmRSS") -> float:
@@ -346,12 +378,13 @@ def _rss_by_mapping(store: Path) -> dict[str, float]:
 
 
 def run_probe(scratch: Path, out: Path, store: Path, questions: list[str], modes: Sequence[str],
-              scale: bool, ef: int = 0) -> dict[str, Any]:
+              scale: bool, ef: int = 0, share: bool = False) -> dict[str, Any]:
     import subprocess
 
     spec = scratch / f"probe-{os.getpid()}.json"  # a probe of its own: phases may run side by side
     spec.write_text(json.dumps({"cache": str(scratch / "embed-cache.sqlite"), "out": str(out), "store": str(store),
-                                "questions": questions, "modes": list(modes), "scale": scale, "ef": ef}))
+                                "questions": questions, "modes": list(modes), "scale": scale, "ef": ef,
+                                "share": share, "progress": str(scratch / "probe-progress.log")}))
     done = subprocess.run([sys.executable, __file__, "--probe", str(spec)], capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:
@@ -414,34 +447,53 @@ def measure_size(
         row.setdefault("scale", {}).update(scaled["modes"])
         row["scale"]["memory"] = {**row["scale"].get("memory", {}), "+".join(args.modes): memory}
         found = json.loads(runs_of["scale"].read_text()) if runs_of["scale"].exists() and args.only else {}
-        runs_of["scale"].write_text(json.dumps({**found, **scaled["runs"]}))
+        runs_of["scale"].write_text(json.dumps(merge_runs(found, scaled["runs"])))
     if "exact" in phases:
         exact_questions = asked if size <= args.exact_max else [q.question for qs in sets.values() for q in qs]
+        part, parts = (int(v) for v in args.part.split("/"))
+        exact_questions = exact_questions[(part - 1) * len(exact_questions) // parts :
+                                          part * len(exact_questions) // parts]  # fmt: skip
         found = json.loads(runs_of["exact"].read_text()) if runs_of["exact"].exists() and args.only else {}
-        for mode in args.modes:
+        if size > args.exact_max:  # rankings only: one BM25 and one dense ranking per question
+            modes = sorted(args.modes, key=lambda m: m != "hybrid")
+            log(f"{size}: ranking on the exact path, {' '.join(modes)} ({len(exact_questions)} questions)")
+            exact = run_probe(scratch, out, store, exact_questions, modes, False, share=True)
+            found = merge_runs(found, exact["runs"])
+            runs_of["exact"].write_text(json.dumps(found))
+        for mode in args.modes if size <= args.exact_max else ():
             log(f"{size}: probing the exact path, {mode} ({len(exact_questions)} questions)")
             exact = run_probe(scratch, out, store, exact_questions, [mode], False)
             row.setdefault("exact", {})[mode] = exact["modes"][mode]
             row["exact"][f"rss_mb_{mode}"] = exact["rss_mb"]
-            found[mode] = exact["runs"][mode]
+            found = merge_runs(found, exact["runs"])
             runs_of["exact"].write_text(json.dumps(found))
     if all(p.exists() for p in runs_of.values()):
         scaled_runs, exact_runs = (json.loads(p.read_text()) for p in (runs_of["scale"], runs_of["exact"]))
         if "dense" in exact_runs and "dense" in scaled_runs:
             row["ann_recall@10"] = recall_at_10(scaled_runs["dense"], exact_runs["dense"])
-        row["ndcg@10"] = {
-            name: {mode: {"scale": ndcg(scaled_runs[mode], qs), "exact": ndcg(exact_runs[mode], qs)}
-                   for mode in MODES if mode in exact_runs and mode in scaled_runs}
-            for name, qs in sets.items()
-        }
+        for name, qs in sets.items():  # per set and mode, once both sides asked every question
+            asked_both = [mode for mode in MODES if all(
+                q.question in runs.get(mode, {}) for runs in (scaled_runs, exact_runs) for q in qs)]
+            row.setdefault("ndcg@10", {})[name] = {
+                **row.get("ndcg@10", {}).get(name, {}),
+                **{mode: {"scale": ndcg(scaled_runs[mode], qs), "exact": ndcg(exact_runs[mode], qs)}
+                   for mode in asked_both},
+            }
     if "edit" in phases:
         row["edit"] = edit_cost(store, gold)
     row[f"load_after_{'+'.join(phases)}"] = os.getloadavg()
     if kept.exists() and args.only:  # another phase may have finished meanwhile: keep its results
-        row = {**json.loads(kept.read_text()), **row}
+        latest = json.loads(kept.read_text())
+        row = {**latest, **row, "ndcg@10": {**latest.get("ndcg@10", {}), **row.get("ndcg@10", {})}}
     kept.write_text(json.dumps(row, indent=2))
     log(json.dumps(row))
     return row
+
+
+def merge_runs(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The rankings of ``new`` over those of ``kept``, mode by mode and question by question
+    (a phase run for one gold set keeps the other sets' rankings)."""
+    return {mode: {**kept.get(mode, {}), **new.get(mode, {})} for mode in {*kept, *new}}
 
 
 def edit_cost(store: Path, gold: list[tuple[Any, Any]]) -> dict[str, float]:
@@ -593,8 +645,11 @@ def main() -> None:
     parser.add_argument("--exact-max", type=int, default=200_000, help="largest size the exact path is timed at")
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--prepare-only", action="store_true", help="chunk and embed, then stop")
-    parser.add_argument("--only", choices=["build", "scale", "exact", "edit"],
-                        help="one phase per size (the others' results kept in DIR/result-<size>.json)")
+    parser.add_argument("--only", choices=["build", "scale", "exact", "edit", "alone"],
+                        help="one phase per size (the others' results kept in DIR/result-<size>.json); "
+                             "alone: each gold set in its corpus alone (DIR/gold-alone.json)")
+    parser.add_argument("--part", default="1/1", help="K/N: the exact phase asks the K-th of N slices of "
+                        "its questions (the rankings are merged, nDCG is given once a set is whole)")
     parser.add_argument("--ef", type=int, default=0, help="the HNSW search's breadth (0: ann.EXPANSION_SEARCH)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
                         help="the modes probed (--only scale / exact)")
@@ -614,9 +669,14 @@ def main() -> None:
         corpora, gold, originals, vectors = prepare(scratch, args.distinct, args.gold)
         if args.prepare_only:
             return
-        alone = gold_alone(scratch, corpora, gold) if args.only in (None, "exact") else {}
-        log(f"gold sets alone: {alone}")
-        results = [measure_size(scratch, corpora, gold, originals, vectors, size, args) for size in args.sizes]
+        alone = gold_alone(scratch, corpora, gold) if args.only in (None, "alone") else {}
+        if alone:
+            log(f"gold sets alone: {alone}")
+            kept = scratch / "gold-alone.json"
+            earlier = json.loads(kept.read_text()) if kept.exists() else {}
+            kept.write_text(json.dumps({**earlier, **alone, "load_after": os.getloadavg()}, indent=2))
+        results = [] if args.only == "alone" else [
+            measure_size(scratch, corpora, gold, originals, vectors, size, args) for size in args.sizes]
         print(json.dumps({"load": os.getloadavg(), "gold_alone_ndcg@10": alone, "sizes": results}, indent=2))
     finally:
         if args.keep is None:
