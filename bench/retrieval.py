@@ -50,7 +50,7 @@ from pipeline.stages.tokens import Counter as TokenCounter
 CORPORA = REPO.parent / "shared" / "corpora"
 GOLD = HERE / "gold"
 RESULTS = HERE / "results"
-DEFAULT_CORPORA = "rust-book,fastapi-en,powershell-docs,d2l-zh,fastapi-zh-ja,fastapi-zh"
+DEFAULT_CORPORA = "rust-book,fastapi-en,powershell-docs,eips,d2l-zh,fastapi-zh-ja,fastapi-zh"
 #: The CJK sets' cut (``--max-bytes`` overrides; others 1.6 MB): the documents the questions cite
 #: plus distractors, as measured for issue 33 (embedding CJK text is slow on a shared small CPU).
 MAX_BYTES = {"d2l-zh": 1_200_000, "fastapi-zh-ja": 700_000, "fastapi-zh": 700_000}
