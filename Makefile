@@ -25,7 +25,7 @@ $(CORE_STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(CORE_STAMP)
 
-$(ALL_STAMP): $(CORE_STAMP)
+$(ALL_STAMP): $(CORE_STAMP) Makefile  # a new extra in EXTRAS reinstalls
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'  # the adapters' tests need both frameworks; embed: the ONNX embedder; index, lancedb: the two stores; tests/test_ray.py needs ray; serve: chunkyard serve (tests/test_serve*.py); scale: Tantivy + usearch
 	touch $(ALL_STAMP)
 
