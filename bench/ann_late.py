@@ -24,17 +24,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-ENGLISH = ("rust-book", "fastapi-en", "powershell-docs")
-
 
 def main() -> None:
     import numpy as np
-    from embed_cache import CachedEmbed
-    from usearch.index import Index
+    from kept_haystack import ENGLISH, KeptHaystack, gold_questions, new_graph
 
-    from pipeline.index import ann, ann_vectors
-    from pipeline.index.embedders import make_embedder
-    from pipeline.index.scale_reader import StoreReader
     from pipeline.index.vector_store import TIE_MARGIN
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,38 +37,22 @@ def main() -> None:
     parser.add_argument("--gold-last", action="store_true")
     args = parser.parse_args()
 
-    store = args.keep / "store-1000000" / "index.sqlite"
-    state = json.loads((store.parent / "index.sqlite.hnsw.json").read_text())
+    haystack = KeptHaystack(args.keep)
     exact_runs = json.loads((args.keep / "runs-1000000-exact.json").read_text())["dense"]
-    reader = StoreReader(store)
-    rowid_of = {str(c): int(r) for r, c in reader.conn.execute("SELECT rowid, chunk_id FROM chunks")}
-    reader.close()
+    rowid_of = {chunk_id: rowid for rowid, chunk_id in haystack.rowids()}
     gold = np.asarray(sorted(r for c, r in rowid_of.items() if not c.startswith("haystack/")), dtype=np.uint64)
     copies = np.asarray(sorted(r for c, r in rowid_of.items() if c.startswith("haystack/")), dtype=np.uint64)
     started = time.perf_counter()
-    file = ann_vectors.ExactVectors(store.parent / state["vectors"])
-
-    def read(keys: Any) -> Any:
-        out = np.empty((len(keys), 384), dtype=np.float32)
-        for at in range(0, len(keys), 50_000):
-            part = [int(k) for k in keys[at : at + 50_000]]
-            found = file.read(part)
-            out[at : at + len(part)] = np.stack([np.frombuffer(found[k], dtype=np.float32) for k in part])
-        return out
-
     order = np.concatenate([copies, gold] if args.gold_last else [gold, copies])
-    vectors = read(order)
+    vectors = haystack.read(order)
     log = {"read_s": round(time.perf_counter() - started)}
-    graph = Index(ndim=384, metric="cos", dtype=ann.DTYPE, connectivity=ann.CONNECTIVITY,
-                  expansion_add=args.expansion_add, expansion_search=ann.EXPANSION_SEARCH)
+    graph = new_graph(vectors.shape[1], expansion_add=args.expansion_add)
     started = time.perf_counter()
     graph.add(order, vectors, threads=0)
     log["build_s"] = round(time.perf_counter() - started)
     print(json.dumps(log), file=sys.stderr, flush=True)
-    kept = Index.restore(str(store.parent / state["file"]), view=True)
-    kept.expansion_search = ann.EXPANSION_SEARCH
+    kept = haystack.restore_graph()
     position = {int(k): i for i, k in enumerate(order)}
-    embed = CachedEmbed(make_embedder("default"), args.keep / "embed-cache.sqlite", quiet=True)
 
     def recall(index: Any, queries: Any, truths: list[set[int]]) -> float:
         hits = 0
@@ -87,10 +65,8 @@ def main() -> None:
 
     result: dict[str, Any] = {**log, "expansion_add": args.expansion_add, "gold_last": args.gold_last}
     for name in ENGLISH:
-        questions = [json.loads(line)["question"] for line in (HERE / "gold" / f"{name}.jsonl").read_text().splitlines()
-                     if line.strip() and not line.startswith("#")]
-        queries = np.asarray(embed(questions), dtype=np.float32)
-        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+        questions = gold_questions(name)
+        queries = haystack.embed(questions)
         truths = [{rowid_of[it["chunk_id"]] for it in exact_runs[q][:10]} for q in questions]
         result[name] = {"built": recall(graph, queries, truths), "kept": recall(kept, queries, truths)}
     print(json.dumps(result, indent=2))

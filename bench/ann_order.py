@@ -31,17 +31,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-ENGLISH = ("rust-book", "fastapi-en", "powershell-docs")
-
 
 def main() -> None:
     import numpy as np
-    from embed_cache import CachedEmbed
-    from usearch.index import Index
+    from kept_haystack import ENGLISH, KeptHaystack, gold_questions, new_graph
 
-    from pipeline.index import ann, ann_vectors
-    from pipeline.index.embedders import make_embedder
-    from pipeline.index.scale_reader import StoreReader
+    from pipeline.index import ann
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, required=True)
@@ -50,29 +45,16 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["order", "knobs"], choices=["order", "knobs"])
     args = parser.parse_args()
 
-    store = args.keep / "store-1000000" / "index.sqlite"
-    state = json.loads((store.parent / "index.sqlite.hnsw.json").read_text())
-    vectors_file = ann_vectors.ExactVectors(store.parent / state["vectors"])
-    reader = StoreReader(store)
-    gold = [int(k) for (k,) in reader.conn.execute("SELECT rowid FROM chunks WHERE chunk_id NOT LIKE 'haystack/%'")]
+    haystack = KeptHaystack(args.keep)
+    gold = [rowid for rowid, _ in haystack.rowids("chunk_id NOT LIKE 'haystack/%'")]
     extra = args.removed
-    copies = [int(k) for (k,) in reader.conn.execute(
-        "SELECT rowid FROM chunks WHERE chunk_id LIKE 'haystack/%' ORDER BY rowid LIMIT ?", (args.copies + extra,))]
-    reader.close()
-
-    def read(keys: list[int]) -> Any:
-        found = vectors_file.read(keys)
-        return np.stack([np.frombuffer(found[k], dtype=np.float32) for k in keys])
-
-    gold_keys, gold_vectors = np.asarray(gold, dtype=np.uint64), read(gold)
-    copy_keys, copy_vectors = np.asarray(copies, dtype=np.uint64), read(copies)
+    copies = [rowid for rowid, _ in haystack.rowids("chunk_id LIKE 'haystack/%'", limit=args.copies + extra)]
+    gold_keys, gold_vectors = np.asarray(gold, dtype=np.uint64), haystack.read(gold)
+    copy_keys, copy_vectors = np.asarray(copies, dtype=np.uint64), haystack.read(copies)
     hay_keys, hay_vectors = copy_keys[: args.copies], copy_vectors[: args.copies]
     other_keys = copy_keys[args.copies :]
-    questions = [json.loads(line)["question"] for name in ENGLISH
-                 for line in (HERE / "gold" / f"{name}.jsonl").read_text().splitlines()
-                 if line.strip() and not line.startswith("#")]
-    embed = CachedEmbed(make_embedder("default"), args.keep / "embed-cache.sqlite", quiet=True)
-    queries = np.asarray(embed(questions), dtype=np.float32)
+    questions = [question for name in ENGLISH for question in gold_questions(name)]
+    queries = haystack.embed(questions)
     every = np.vstack([hay_vectors, gold_vectors])
     every_keys = np.concatenate([hay_keys, gold_keys])
     scores = queries @ (every / np.linalg.norm(every, axis=1, keepdims=True)).T
@@ -87,10 +69,11 @@ def main() -> None:
         return [round(float(np.mean(every_hit)), 4), round(float(np.mean(gold_hit)), 4)]
 
     def new(expansion_add: int = ann.EXPANSION_ADD, connectivity: int = ann.CONNECTIVITY) -> Any:
-        return Index(ndim=gold_vectors.shape[1], metric="cos", dtype=ann.DTYPE, connectivity=connectivity,
-                     expansion_add=expansion_add, expansion_search=ann.EXPANSION_SEARCH)
+        return new_graph(gold_vectors.shape[1], expansion_add, connectivity)
 
     def restored(path: Path) -> Any:
+        from usearch.index import Index
+
         graph = Index.restore(str(path))
         graph.expansion_add, graph.expansion_search = ann.EXPANSION_ADD, ann.EXPANSION_SEARCH
         return graph
