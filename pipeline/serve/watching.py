@@ -70,12 +70,12 @@ class WriterProcess:
         if self.store:
             command.append(self.store)
         self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._publish()  # before any server process that reads it starts
         self._reader = threading.Thread(target=self._read, name="chunkyard-writer-reports", daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        self._publish()
         for raw in self._proc.stdout:
             try:
                 event = orjson.loads(raw)
@@ -138,16 +138,15 @@ class WriterProcess:
 
 
 class WriterStateFile:
-    """A server process's view of the writer that its supervisor holds (``--processes``)."""
+    """A server process's view of the writer that its supervisor holds (``--processes``): the
+    state file, which the supervisor writes before it starts any server process."""
 
     def __init__(self, path: Path, corpus: Path) -> None:
         self.path = path
         self.corpus = corpus
+        self._last: dict[str, Any] = orjson.loads(path.read_bytes())
 
     def state(self) -> dict[str, Any]:
-        try:
-            state: dict[str, Any] = orjson.loads(self.path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):  # not written yet: the writer is starting
-            return {"alive": True, "corpus": str(self.corpus), "syncs": 0, "last_sync": None,
-                    "index_hash": None, "last_latency_ms": None, "errors": [], "exit_code": None}  # fmt: skip
-        return state
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):  # gone at shutdown: the last one read
+            self._last = orjson.loads(self.path.read_bytes())
+        return self._last
