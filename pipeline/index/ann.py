@@ -20,14 +20,16 @@ store stays the truth, and this index is derived from it:
   replaced in one rename. Past ``JOURNAL_MAX_KEYS`` journalled keys a run compacts: the
   graph is loaded, the journal and the run applied to it, and it is saved to a new file
   (``<store>.hnsw-<generation>``, synced) named by the next state.
+  A reader uses the graph only when the state's generation equals the store's; a SIGKILL
+  anywhere leaves the state naming a whole graph and a whole journal prefix, at worst an
+  older generation, which readers then ignore (the exact path answers) and the next
+  ``chunkyard index`` rebuilds.
 - **Late vectors** (a compaction's) are inserted at ``EXPANSION_ADD_EXISTING``, far wider than
   a fresh build's ``EXPANSION_ADD``: a vector inserted into a graph of near-duplicate clusters
-  at the fresh build's breadth finds only a cluster's members, whose full edge lists then drop
-  it, and searches rarely reach it (``docs/benchmarks.md``). A compaction inserts a few
-  thousand vectors, so the wider search costs seconds; a fresh build keeps its breadth. A reader uses the graph
-  only when the state's generation equals the store's; a SIGKILL anywhere leaves the state
-  naming a whole graph and a whole journal prefix, at worst an older generation, which
-  readers then ignore (the exact path answers) and the next ``chunkyard index`` rebuilds.
+  at the fresh build's breadth finds mostly one cluster's members, whose full edge lists drop
+  it, and searches rarely reach it (``docs/benchmarks.md``). The wider search costs several
+  times more a vector; a compaction inserts about ``JOURNAL_MAX_KEYS`` of them, a fresh build
+  every vector, so only the compaction pays it and a fresh build keeps its breadth.
 - **Readers** map the file (``view``): pages are read as the search touches them. The
   journal's removed keys hide their nodes (the graph is asked for that many more
   candidates) and its added vectors are scored exactly beside the graph's candidates.
