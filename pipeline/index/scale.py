@@ -239,7 +239,7 @@ class ScaleSync:
                     pass
                 elif previous is not None and have == previous and not lexical.worn():
                     started = time.perf_counter()
-                    added = [(new[row.chunk_id], row.embed_text) for row, _ in changed if row.chunk_id in new]
+                    added = reader.bodies([new[row.chunk_id] for row, _ in changed if row.chunk_id in new])
                     lexical.apply(old.values(), added, generation, chunks=chunks)
                     self.seconds["bm25_apply"] = time.perf_counter() - started
                 else:
@@ -318,10 +318,16 @@ class ScaleSearch:
         return False
 
     def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]] | None:
-        if self._bm25 is None or not self._current(self._bm25.generation(), "bm25", self.lexical_reader):
+        """FTS5's BM25 of Tantivy's candidates (``TantivyBm25.exact``), read from the store in
+        one snapshot: its generation, statistics, rows and ids."""
+        if self._bm25 is None:
             return None
-        hits = self._bm25.search(terms, k + TIE_MARGIN)
-        ids = self.lexical_reader.ids([rowid for rowid, _ in hits])
+        reader = self.lexical_reader
+        with reader.conn:
+            if not self._current(self._bm25.generation(), "bm25", reader):
+                return None
+            hits = self._bm25.exact(reader.conn, terms, k + TIE_MARGIN)
+            ids = reader.ids([rowid for rowid, _ in hits])
         return best_first([(ids[r], s) for r, s in hits if r in ids], k)
 
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]] | None:
