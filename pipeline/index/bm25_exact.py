@@ -75,25 +75,37 @@ class Counted(list[str]):
 def occurrences(phrase: tuple[str, ...], tokens: list[str]) -> int:
     """How often ``phrase`` occurs in ``tokens`` as adjacent tokens (overlapping runs count)."""
     counts = tokens.counts if isinstance(tokens, Counted) else None
+    first = phrase[0]
     if len(phrase) == 1:
-        return counts[phrase[0]] if counts is not None else tokens.count(phrase[0])
-    first, size = phrase[0], len(phrase)
-    if counts is not None and not counts[first]:
+        return counts[first] if counts is not None else tokens.count(first)
+    if (counts is not None and not counts[first]) or first not in tokens:
         return 0
-    return sum(1 for i, tok in enumerate(tokens) if tok == first and tuple(tokens[i : i + size]) == phrase)
+    found, size, start = 0, len(phrase), 0
+    try:
+        while True:  # each place the first token is, found by ``index`` (in C), then compared
+            start = tokens.index(first, start) + 1
+            found += tuple(tokens[start - 1 : start - 1 + size]) == phrase
+    except ValueError:
+        return found
+
+
+def okapi(idfs: Sequence[float], tfs: Sequence[int], length: int, average: float) -> float:
+    """The BM25 sum over phrases of idf ``idfs`` occurring ``tfs`` times in a text of ``length``
+    tokens, against the mean length ``average``, in FTS5's order of operations."""
+    norm = K1 * (1 - B + B * length / average) if average > 0 else K1
+    score = 0.0
+    for idf, count in zip(idfs, tfs, strict=True):
+        if count:
+            tf = float(count)
+            score += idf * ((tf * (K1 + 1.0)) / (tf + norm))
+    return score
 
 
 def bm25(terms: Weighted, texts: Sequence[list[str]], average: float) -> float:
     """Okapi BM25 of the phrases ``terms`` over ``texts`` read as one text (their counts and
-    lengths summed), against the mean length ``average``, in FTS5's order of operations."""
-    length = sum(len(t) for t in texts)
-    norm = K1 * (1 - B + B * length / average) if average > 0 else K1
-    score = 0.0
-    for phrase, idf in terms:
-        tf = float(sum(occurrences(phrase, tokens) for tokens in texts))
-        if tf:
-            score += idf * ((tf * (K1 + 1.0)) / (tf + norm))
-    return score
+    lengths summed), against the mean length ``average``."""
+    tfs = [sum(occurrences(phrase, tokens) for tokens in texts) for phrase, _ in terms]
+    return okapi([idf for _, idf in terms], tfs, sum(len(t) for t in texts), average)
 
 
 def read_varints(blob: bytes) -> list[int]:
@@ -139,9 +151,9 @@ class RowScorer:
         self.conn = conn
         self.tokens = tokens if tokens is not None else Fts5Tokens()
 
-    def texts(self, rowids: Sequence[int]) -> dict[int, Counted]:
+    def texts(self, rowids: Sequence[int]) -> dict[int, list[str]]:
         """Each row's tokens (its ``body`` through FTS5's tokenizer); rows gone are absent."""
-        found: dict[int, Counted] = {}
+        found: dict[int, list[str]] = {}
         wanted = list(dict.fromkeys(int(r) for r in rowids))
         for i in range(0, len(wanted), _BATCH):
             part = wanted[i : i + _BATCH]
@@ -149,15 +161,28 @@ class RowScorer:
             for rowid, body in self.conn.execute(
                 f"SELECT rowid, body FROM fts WHERE rowid IN ({marks})", part
             ):
-                found[int(rowid)] = Counted(self.tokens.analyzed(str(body)))
+                found[int(rowid)] = self.tokens.analyzed(str(body))
         return found
 
     def scores(self, terms: Weighted, rowids: Sequence[int], average: float) -> list[tuple[int, float]]:
         """``(rowid, score)`` of the rows that match a phrase of ``terms`` (FTS5's ``-bm25()``),
         best first, ties by rowid; rows that match none, or are gone, are left out."""
+        idfs = [idf for _, idf in terms]
+        firsts = {phrase[0] for phrase, _ in terms}
         scored = []
         for rowid, tokens in self.texts(rowids).items():
-            if any(occurrences(phrase, tokens) for phrase, _ in terms):
-                scored.append((rowid, bm25(terms, [tokens], average)))
+            # the phrases' first tokens counted in one pass in C (``filter`` over a set's
+            # ``__contains__``): a row's other tokens cost no Python call
+            counts = Counter(filter(firsts.__contains__, tokens))
+            if not counts:
+                continue
+            tfs = [
+                counts[phrase[0]]
+                if len(phrase) == 1 or not counts[phrase[0]]
+                else occurrences(phrase, tokens)
+                for phrase, _ in terms
+            ]
+            if any(tfs):
+                scored.append((rowid, okapi(idfs, tfs, len(tokens), average)))
         scored.sort(key=lambda h: (-h[1], h[0]))
         return scored

@@ -12,8 +12,8 @@ the fallback), and this index is derived from it and keyed to it:
 - **Queries** are ``analyzer.query_terms``: each term's tokens a term query (one token) or
   a phrase query (several), all SHOULD clauses of one boolean query, so the OR of FTS5's
   query is kept and Tantivy runs BlockMax-WAND over the term clauses.
-- **Scores are FTS5's** (``exact``): Tantivy only finds the candidates, ``CANDIDATES`` times
-  the rows asked for; each candidate is then scored with FTS5's own formula and statistics
+- **Scores are FTS5's** (``exact``): Tantivy only finds the candidates (``CANDIDATES`` times
+  the rows asked for); each candidate is then scored with FTS5's own formula and statistics
   (``pipeline.index.bm25_exact``: ``N`` and ``avgdl`` from FTS5's averages record, the
   exact token counts of the rows), so the list is the one ``bm25()`` gives whenever FTS5's
   top k is among the candidates. Tantivy's own scores differ (Lucene's
@@ -58,9 +58,11 @@ REBUILD_HEAP = 512_000_000
 #: Rows deleted (or replaced) since the last build, as a share of the index, past which a
 #: run rebuilds instead of updating (the statistics of deleted documents stop counting).
 REBUILD_RATIO = 0.1
-#: Candidates Tantivy finds per row asked for, scored again exactly (docs/benchmarks.md: how
-#: often the exact top k is among them, and what they cost, by depth).
-CANDIDATES = 2
+#: Candidates Tantivy finds per row asked for, scored again exactly. The rows asked for include
+#: the caller's ``TIE_MARGIN``, which is the slack: with the clauses boosted to FTS5's idf, the
+#: exact top 10 of every gold question in the 1M haystack was among them, and more candidates
+#: changed no gold set's nDCG but cost each query Python time (docs/benchmarks.md).
+CANDIDATES = 1
 #: Document counts kept between queries (per generation; past it the memory starts over).
 COUNTS_KEPT = 100_000
 
