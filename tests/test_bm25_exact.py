@@ -266,3 +266,21 @@ def test_a_cjk_index_edited_keeps_fts5s_scores_and_its_windows_rank_alike(tmp_pa
     for question, got, want in zip(questions, scaled, exact, strict=True):
         assert [h["chunk_id"] for h in got] == [h["chunk_id"] for h in want], question
         assert [h["score_raw"] for h in got] == pytest.approx([h["score_raw"] for h in want], rel=REL)
+
+
+def test_a_searcher_past_the_callers_generation_gives_way_to_fts5(indexed: tuple[Path, Path]) -> None:
+    """The store is read in a snapshot at the generation the caller checked; an index that has
+    moved on since (a run finished in between) answers nothing rather than mix two states."""
+    _, out = indexed
+    store = out / ".chunkyard" / "index.sqlite"
+    lexical = bm25_tantivy.TantivyBm25(bm25_tantivy.folder_for(store))
+    conn = apsw.Connection(str(store), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        generation = lexical.generation()
+        assert generation is not None
+        terms = query_terms("overlap between pieces")
+        assert lexical.exact(conn, terms, 10, generation)
+        assert lexical.exact(conn, terms, 10, "an earlier generation") is None
+    finally:
+        conn.close()
+        lexical.close()

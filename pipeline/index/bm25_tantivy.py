@@ -29,9 +29,16 @@ the fallback), and this index is derived from it and keyed to it:
   generation, so each ``n`` is FTS5's. Once the rows deleted since the last build pass
   ``REBUILD_RATIO`` of the index, the next run rebuilds it (counting costs more than
   ``doc_freq``; the scores stay exact either way).
+- **Exact, and where not**: every score returned is the number ``bm25()`` gives that row,
+  and ``N``, ``avgdl`` and each ``n`` are FTS5's, deleted documents or not (before a rebuild,
+  below ``REBUILD_RATIO``, they cost time, not exactness). What is not guaranteed is the
+  list: a row of FTS5's top k that Tantivy's ranking (boosted, but with its quantised
+  lengths) leaves out of the candidates is missing, and the next row takes its place.
 - **Freshness**: ``state.json`` inside the folder names the store ``generation`` the index
   reflects; it is replaced (atomically) only after Tantivy's own commit. A reader uses the
-  index only when that generation equals the store's; otherwise the store's FTS5 answers.
+  index only when that generation equals the store's, read in the same snapshot as the
+  rows it scores, and the searcher it asks is the one opened at that generation; otherwise
+  the store's FTS5 answers.
   A rebuild goes to ``<folder>.new`` and is swapped in by renames, so a SIGKILL at any
   point leaves either the previous index or none (then FTS5 answers) and never half of one.
 """
@@ -194,15 +201,20 @@ class TantivyBm25:
         rows = searcher.fast_field_values("row", [address for _, address in hits])
         return [int(row) for row in rows if row is not None]
 
-    def exact(self, conn: Any, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
+    def exact(
+        self, conn: Any, terms: Sequence[str], k: int, generation: str
+    ) -> list[tuple[int, float]] | None:
         """``(rowid, FTS5's BM25)`` of the best rows among ``CANDIDATES * k`` candidates, best
-        first, at most ``k``; ``conn``: a connection to the store (its FTS5 table ``fts``), read
-        in one snapshot at this index's generation."""
+        first, at most ``k``; ``conn``: a connection to the store (its FTS5 table ``fts``) in a
+        snapshot at ``generation``. ``None`` when this index has moved past ``generation``
+        meanwhile (a run finished between the caller's check and now: FTS5 answers)."""
         phrases = self.phrases(terms)
+        searcher = self._open()
+        if self._generation != generation:
+            return None
         rows, tokens = collection(conn)
         if not phrases or not rows or k <= 0:
             return []
-        searcher = self._open()
         weighted = [(phrase, fts5_idf(rows, self.frequency(phrase, searcher))) for phrase in phrases]
         found = self.candidates(weighted, CANDIDATES * k, searcher)
         return RowScorer(conn, self._tokens).scores(weighted, found, tokens / rows)[:k]

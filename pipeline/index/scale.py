@@ -322,12 +322,20 @@ class ScaleSearch:
         one snapshot: its generation, statistics, rows and ids."""
         if self._bm25 is None:
             return None
+        with self.lexical_reader.conn:
+            found = self._lexical(self._bm25, terms, k)
+        return found
+
+    def _lexical(self, bm25: Any, terms: Sequence[str], k: int) -> list[tuple[str, float]] | None:
         reader = self.lexical_reader
-        with reader.conn:
-            if not self._current(self._bm25.generation(), "bm25", reader):
-                return None
-            hits = self._bm25.exact(reader.conn, terms, k + TIE_MARGIN)
-            ids = reader.ids([rowid for rowid, _ in hits])
+        have = bm25.generation()
+        if not self._current(have, "bm25", reader):
+            return None
+        hits = bm25.exact(reader.conn, terms, k + TIE_MARGIN, str(have))
+        if hits is None:
+            self.stale.add("bm25")
+            return None
+        ids = reader.ids([rowid for rowid, _ in hits])
         return best_first([(ids[r], s) for r, s in hits if r in ids], k)
 
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]] | None:
