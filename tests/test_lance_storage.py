@@ -78,3 +78,42 @@ def test_a_store_of_the_earlier_layout_is_edited_and_searched_as_before(tmp_path
     assert _searches(old) == _searches(new)
     first = next(iter(TEXTS))
     assert old.rows([first])[first].text.endswith(" Edited.")
+
+
+def _many(n: int) -> dict[str, str]:
+    """``n`` texts over the same few words, in varying numbers: BM25's statistics matter."""
+    words = ["ownership", "borrow", "checker", "cargo", "trait", "object", "lifetime", "value"]
+    return {
+        f"d{i}|r=1|s={i}|p=000|b=000": " ".join(words[(i * j) % len(words)] for j in range(1, 4 + i % 9))
+        for i in range(n)
+    }
+
+
+def test_an_edited_store_searches_as_a_freshly_built_one(tmp_path: Path) -> None:
+    """The commit after edits, deletes and additions leaves BM25 scores (ids, order, scores)
+    equal to a store built at once from the final rows: the FTS index is not left with
+    unindexed rows or deleted rows' statistics."""
+    texts = _many(300)
+    edited = LanceStore(tmp_path / "edited.lance", dim=8)
+    _fill(edited, texts)
+    ids = list(texts)
+    changes = {ids[1]: "ownership ownership cargo", ids[2]: "lifetime borrow"}
+    added = {"new|r=1|s=1|p=000|b=000": "trait object ownership value"}
+    edited.commit([], {ids[3], ids[4]}, {**META, "generation": "2"}, model="m")
+    _fill(edited, changes | added, seed=1)
+    final = {cid: t for cid, t in (texts | changes | added).items() if cid not in {ids[3], ids[4]}}
+    fresh = LanceStore(tmp_path / "fresh.lance", dim=8)
+    _fill(fresh, final)
+    for terms in (
+        ["ownership"],
+        ["borrow", "checker"],
+        ["trait", "object"],
+        ["lifetime"],
+        ["cargo", "value"],
+    ):
+        got, want = edited.lexical(terms, 20), fresh.lexical(terms, 20)
+        assert got == want, terms
+        assert got
+    assert {cid for cid, _ in edited.lexical(["lifetime"], 400)} == {
+        cid for cid, t in final.items() if "lifetime" in t.split()
+    }

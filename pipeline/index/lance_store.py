@@ -11,6 +11,12 @@ out, the FTS index rebuilt, then ``meta.json`` (the cursor) replaced atomically.
 killed in between leaves the cursor behind its writes; the next run replays the same
 changes, which are idempotent (at-least-once, where SQLite gives exactly-once). Each
 commit is a new table version: ``optimize()`` compacts them every few runs.
+
+The FTS index is rebuilt whole by each commit that changes rows, which costs in proportion
+to the table, not to the change: it is what keeps BM25 scores equal to a fresh index's.
+Lance's incremental paths differ: rows not yet indexed are scanned but scored with the
+index's statistics alone, and an index updated by ``optimize()`` keeps deleted rows in its
+document count, lengths and frequencies until rebuilt (an edit is a delete and an add).
 """
 
 from __future__ import annotations
@@ -364,7 +370,8 @@ def utf8_column(pa: Any, values: Sequence[bytes]) -> Any:
 
 
 def build_fts(table: Any) -> None:
-    """(Re)build the table's BM25 index over ``body`` (LanceDB rebuilds it whole)."""
+    """(Re)build the table's BM25 index over ``body``, whole (see the module docstring: the
+    incremental paths would score differently)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # create_fts_index's deprecation notice
         table.create_fts_index(
