@@ -26,7 +26,8 @@ are kept in ``DIR/result-<size>.json``, the rankings merged question by question
 may be run for one gold set at a time), so a million is built under ``nice`` and measured in
 locked runs of a few minutes; ``--only alone`` ranks each gold set in its corpus alone
 (``DIR/gold-alone.json``: the haystack's cost). ``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
-re-uses each store whose size and seed match.
+re-uses each store whose size and seed match. ``--candidates N`` (Tantivy's candidates per row asked) and ``--counted``
+(document counts counted, as after a deletion) probe the scale BM25's two costs.
 """
 
 from __future__ import annotations
