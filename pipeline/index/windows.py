@@ -71,25 +71,17 @@ class WindowScorer:
         self.analysis = analysis
         self.read = read
         self.window = window
-        self._apsw = apsw
         self._conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
         self._conn.set_busy_timeout(10_000)
-        name, *args = FTS5_TOKENIZE.split()
-        self._tokenizer: Any = apsw.Connection(":memory:").fts5_tokenizer(name, args)
-        self._rows = RowScorer(self._conn, Fts5Tokens())
+        self._fts = Fts5Tokens(FTS5_TOKENIZE)  # FTS5's own tokenizer, for queries and texts alike
+        self._rows = RowScorer(self._conn, self._fts)
         self._stats: tuple[str, int, float] | None = None  # (generation, rows, mean tokens per row)
         self._df: dict[str, int] = {}
         self._tokens: dict[tuple[str, str], Counted] = {}
 
     def close(self) -> None:
-        self._rows.tokens.close()
+        self._fts.close()
         self._conn.close()
-
-    def _tokenize(self, text: str, reason: int) -> list[str]:
-        found = self._tokenizer(
-            text.encode("utf-8"), reason, None, include_offsets=False, include_colocated=False
-        )
-        return [str(t) for t in found]
 
     def _collection(self, generation: str) -> tuple[int, float]:
         """(rows, mean tokens per row) of the FTS5 table, read again when ``generation`` moves."""
@@ -111,9 +103,7 @@ class WindowScorer:
         if key not in self._tokens:
             if len(self._tokens) >= TOKENS_KEPT:
                 self._tokens.clear()
-            self._tokens[key] = Counted(
-                self._tokenize(self.analysis.analyze(text), self._apsw.FTS5_TOKENIZE_DOCUMENT)
-            )
+            self._tokens[key] = Counted(self._fts.analyzed(self.analysis.analyze(text)))
         return self._tokens[key]
 
     def rescore(
@@ -131,7 +121,7 @@ class WindowScorer:
         rows, mean = self._collection(generation)
         terms, exact = [], []
         for term in self.analysis.query_terms(query):
-            tokens = self._tokenize(term, self._apsw.FTS5_TOKENIZE_QUERY)
+            tokens = self._fts.query(term)
             if tokens:
                 frequency = self._frequency(term)
                 terms.append((tuple(tokens), lucene_idf(rows, frequency)))
