@@ -12,7 +12,6 @@ Tantivy index takes in without a rebuild.
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
 from pathlib import Path
@@ -157,11 +156,9 @@ def indexed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("bm25-exact")
     corpus, out = copy_sample(base / "corpus"), base / "chunks"
     run_ingest(corpus, out)
-    os.environ[SCALE_ENV] = "on"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(SCALE_ENV, "on")
         index(out)
-    finally:
-        del os.environ[SCALE_ENV]
     return corpus, out
 
 
@@ -220,11 +217,9 @@ def test_after_an_edit_and_a_deletion_the_scale_top_k_is_still_fts5s(
     doc.write_text(doc.read_text() + "\n\nA paragraph about chunk overlap, quokkas and the overlap again.\n")
     (corpus / "windows-notes.md").unlink()
     run_ingest(corpus, out)
-    os.environ[SCALE_ENV] = "on"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(SCALE_ENV, "on")
         report = index(out)
-    finally:
-        del os.environ[SCALE_ENV]
     assert report.deleted >= 1 and report.added + report.updated >= 1
     state = bm25_tantivy.read_state(bm25_tantivy.folder_for(out / ".chunkyard" / "index.sqlite"))
     assert state["deleted"] >= 2  # taken in without a rebuild: Tantivy still holds deleted documents
@@ -239,15 +234,13 @@ def test_a_cjk_index_edited_keeps_fts5s_scores_and_its_windows_rank_alike(tmp_pa
     corpus.mkdir()
     guide = corpus / "guide.md"
     shutil.copy(SAMPLE / "i18n" / "多言語ガイド.md", guide)
-    os.environ[SCALE_ENV] = "on"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(SCALE_ENV, "on")
         run_ingest(corpus, out)
         index(out, lang="cjk")
         guide.write_text(guide.read_text() + "\n\n## 补充\n\n索引建好以后，分句器和检索会一起更新。\n")
         run_ingest(corpus, out)
         index(out)
-    finally:
-        del os.environ[SCALE_ENV]
     db = open_store(out)
     try:
         assert db.meta()["analyzer"].endswith(BIGRAMS)
