@@ -251,6 +251,12 @@ def test_a_cjk_index_edited_keeps_fts5s_scores_and_its_windows_rank_alike(tmp_pa
     assert _assert_scale_equals_fts5(out, questions, 10) > 80
     with Searcher(out, expand_tokens=0) as ask:
         assert ask._windows is not None and ask._scale is not None
+        assert ask._windows.counts is not None  # the windows count terms with Tantivy: FTS5's numbers
+        analysis = require(ask.db.analyzer, default_analyzer(ask.db), where="", hint="")
+        for term in {t for q in questions for t in analysis.query_terms(q)}:
+            phrase = tuple(ask._windows._fts.query(term))
+            if phrase:
+                assert ask._windows.counts(phrase) == fts5_frequency(ask._windows._conn, term), term
         scaled = [ask(q, "bm25", 10) for q in questions]
     bm25_tantivy.remove(bm25_tantivy.folder_for(out / ".chunkyard" / "index.sqlite"))
     with Searcher(out, expand_tokens=0) as ask:

@@ -338,6 +338,16 @@ class ScaleSearch:
         ids = reader.ids([rowid for rowid, _ in hits])
         return best_first([(ids[r], s) for r, s in hits if r in ids], k)
 
+    def counts(self, phrase: tuple[str, ...]) -> int | None:
+        """Rows holding ``phrase``, counted by the BM25 index while it is at the store's
+        generation (FTS5's count, without reading every match); ``None`` otherwise."""
+        if self._bm25 is None:
+            return None
+        have = self._bm25.generation()
+        if have is None or have != self.lexical_reader.generation():
+            return None
+        return self._bm25.frequency(phrase)
+
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]] | None:
         if self._ann is None or not self._current(self._ann.generation(), "ann", self.reader):
             return None

@@ -21,8 +21,8 @@ window exists to find. A neighbour's own score is FTS5's BM25 of its row, 0 when
 term, computed for that row alone (``bm25_exact.RowScorer``: the number ``bm25()`` gives it,
 on the scale the candidates' scores are on, whichever ranker found them), not by running the
 query through FTS5 again. The list returned is the rescored one, best first. Term statistics
-(rows and total tokens from FTS5's averages record, document frequencies counted by FTS5) come
-from the index's own FTS5 table, the tokens from FTS5's own tokenizer over the analyzed
+(rows and total tokens from FTS5's averages record, document frequencies counted by FTS5, or
+by the scale BM25 index while it is current: the same numbers) come from the index's own FTS5 table, the tokens from FTS5's own tokenizer over the analyzed
 ``embedText`` (what the table holds), the neighbours from the chunk folder (as the passage
 merge finds them), so an index updated run by run ranks as a fresh build of the same chunks
 does.
@@ -78,6 +78,10 @@ class WindowScorer:
         self._stats: tuple[str, int, float] | None = None  # (generation, rows, mean tokens per row)
         self._df: dict[str, int] = {}
         self._tokens: dict[tuple[str, str], Counted] = {}
+        #: Another index's count of the rows holding a phrase (the searcher's scale BM25 index
+        #: while it is current: a lookup where FTS5 reads every match); ``None`` from it, or no
+        #: such index: FTS5 counts.
+        self.counts: Callable[[tuple[str, ...]], int | None] | None = None
 
     def close(self) -> None:
         self._fts.close()
@@ -94,7 +98,9 @@ class WindowScorer:
     def _frequency(self, term: str) -> int:
         """Rows holding the query term (a phrase for a term of several tokens), as FTS5 counts them."""
         if term not in self._df:
-            self._df[term] = fts5_frequency(self._conn, term)
+            tokens = tuple(self._fts.query(term))
+            found = self.counts(tokens) if self.counts is not None and tokens else None
+            self._df[term] = fts5_frequency(self._conn, term) if found is None else found
         return self._df[term]
 
     def _chunk_tokens(self, chunk_id: str, record: dict[str, Any]) -> Counted:
