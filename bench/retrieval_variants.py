@@ -12,6 +12,7 @@ embeds only what it adds:
   joined by ``+``, change one setting each: ``merge<B>`` (passage budget; ``merge0`` = plain
   chunks), ``expand<B>`` (plain search, then growth into unranked neighbours too),
   ``rrf<K>`` (reciprocal rank fusion with constant K instead of the default z-score fusion), ``wd<W>`` (dense weight in tenths, BM25 weight 1),
+  ``prompt<P>`` (the prompt the passages share, ``expand.shared_budget``; ``prompt0``: fixed passages),
   ``win<N>`` (BM25 windows of N neighbours a side; ``win0``: each chunk alone),
   ``section`` (passages kept inside the hit's section instead of growing across headings
   within its document), ``lang<code>`` (the index built with ``--lang <code>``: ``langen`` the
@@ -191,7 +192,7 @@ def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
         if part.startswith("lang") and part[4:].isalpha():
             options["lang"] = part[4:]
             continue
-        m = re.fullmatch(r"(merge|expand|rrf|wd|win)(\d+)", part)
+        m = re.fullmatch(r"(merge|expand|rrf|wd|win|prompt)(\d+)", part)
         if m is None:
             return None
         value = int(m.group(2))
@@ -203,6 +204,8 @@ def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
             options["rrf_k"], options["fusion"] = value, "rrf"
         elif m.group(1) == "win":
             options["bm25_window"] = value
+        elif m.group(1) == "prompt":  # the prompt the passages share (0: fixed passages)
+            options["prompt"] = value
         else:
             options["weights"] = (1.0, value / 10)
     return options, grow, source or None

@@ -12,7 +12,7 @@ import pytest
 from index_support import run_ingest
 
 from pipeline.index.expand import DEFAULT_BUDGET
-from pipeline.index.language import CJK_PASSAGE_TOKENS
+from pipeline.index.language import CJK_PASSAGE_TOKENS, CJK_PROMPT_TOKENS
 from pipeline.index.query import Searcher
 from pipeline.index.sync import index
 from pipeline.index.windows import _bm25, _occurrences
@@ -63,11 +63,14 @@ def test_the_passage_budget_and_the_windows_follow_the_language(zh: Path, tmp_pa
     with Searcher(zh) as searcher:
         assert searcher.expand_tokens == CJK_PASSAGE_TOKENS
         assert searcher.record("候选单元", 3)["expand_tokens"] == CJK_PASSAGE_TOKENS
-    with Searcher(zh, expand_tokens=300) as searcher:
+        assert searcher.prompt == CJK_PROMPT_TOKENS  # the passages share one prompt
+    with Searcher(zh, expand_tokens=300, prompt=0) as searcher:
         assert searcher.expand_tokens == 300  # asked for: kept
+        assert searcher.prompt is None  # 0: fixed passages
     en = _indexed(EN, tmp_path / "en")
     with Searcher(en) as searcher, Searcher(en, bm25_window=3) as asked:
         assert searcher.expand_tokens == DEFAULT_BUDGET
+        assert searcher.prompt is None  # English passages: fixed
         question = "forget gate and candidate cell"
         # no windows on an English index, asked for or not: BM25 over each chunk, as before
         assert [h["score_raw"] for h in searcher(question, "bm25", 5)] == [
