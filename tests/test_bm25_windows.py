@@ -63,9 +63,11 @@ def test_the_passage_budget_and_the_windows_follow_the_language(zh: Path, tmp_pa
     with Searcher(zh) as searcher:
         assert searcher.expand_tokens == CJK_PASSAGE_TOKENS
         assert searcher.record("候选单元", 3)["expand_tokens"] == CJK_PASSAGE_TOKENS
-        assert searcher.prompt == CJK_PROMPT_TOKENS  # the passages share one prompt
-    with Searcher(zh, expand_tokens=300, prompt=0) as searcher:
+        assert searcher.prompt is None  # embedded by the default model: fixed passages
+    with Searcher(zh, expand_tokens=300, prompt=CJK_PROMPT_TOKENS) as searcher:
         assert searcher.expand_tokens == 300  # asked for: kept
+        assert searcher.prompt == CJK_PROMPT_TOKENS
+    with Searcher(zh, prompt=0) as searcher:
         assert searcher.prompt is None  # 0: fixed passages
     en = _indexed(EN, tmp_path / "en")
     with Searcher(en) as searcher, Searcher(en, bm25_window=3) as asked:

@@ -157,7 +157,14 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
 
 def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Path) -> None:
     from pipeline.index import embed_e5
-    from pipeline.index.language import CJK_DENSE, CJK_DENSE_MULTILINGUAL, MULTILINGUAL, hybrid_weights
+    from pipeline.index.language import (
+        CJK_DENSE,
+        CJK_DENSE_MULTILINGUAL,
+        CJK_PROMPT_TOKENS,
+        MULTILINGUAL,
+        hybrid_weights,
+        prompt_tokens,
+    )
 
     bigrams = with_cjk(chars.ANALYZER, True)
     assert embed_e5.E5_NAME in MULTILINGUAL
@@ -165,6 +172,10 @@ def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Pat
     assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": embed_e5.E5_NAME}) == (1.0, 1.0)
     assert hybrid_weights({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, CJK_DENSE)
     assert hybrid_weights({"analyzer": bigrams, "embed_model": embed_e5.E5_NAME}) == (1.0, CJK_DENSE_MULTILINGUAL)
+    # the passages of a hybrid search share one prompt only where the multilingual model embedded CJK text
+    assert prompt_tokens({"analyzer": bigrams, "embed_model": embed_e5.E5_NAME}) == CJK_PROMPT_TOKENS
+    assert prompt_tokens({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) is None
+    assert prompt_tokens({"analyzer": chars.ANALYZER, "embed_model": embed_e5.E5_NAME}) is None
     _, out = _copy(zh, tmp_path / "w")
     report = index(out)
     if embed_e5.available():  # the multilingual extra: a CJK corpus takes its model

@@ -98,8 +98,9 @@ class Searcher:
         )
         """The passage budget (``None`` asked: the language's, ``language.passage_budget``)."""
         self.prompt = (prompt_tokens(self.meta) if prompt is None else prompt) or None
-        """The prompt the passages share (``expand.shared_budget``; ``None`` asked: the language's,
-        ``language.prompt_tokens``; 0 or none: every passage may take the whole budget)."""
+        """The prompt a hybrid search's passages share (``expand.shared_budget``; ``None`` asked: the
+        language's, ``language.prompt_tokens``; 0 or none: every passage may take the whole budget).
+        BM25 or dense alone keep fixed passages."""
         self._windows = window_scorer(self.db, self.meta, self.out, self._passages.read_record, bm25_window)
         """BM25 over each chunk with its neighbours (``pipeline.index.windows``): the CJK
         analyzer's default; ``bm25_window`` 0 ranks each chunk alone."""
@@ -189,8 +190,8 @@ class Searcher:
         items = items[:pool]
         if budget:
             ids = {row.id: cid for cid, row in rows.items()}
-            # the first k passages, sharing the language's prompt
-            items = self._passages.merge(items, budget, warnings, ids, limit=k, prompt=self.prompt)
+            prompt = self.prompt if mode == "hybrid" else None
+            items = self._passages.merge(items, budget, warnings, ids, limit=k, prompt=prompt)  # the first k
         items = items[:k]
         for final, item in enumerate(items, 1):
             item["k_final"] = final
