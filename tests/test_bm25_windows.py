@@ -104,3 +104,17 @@ def test_a_chunk_whose_neighbours_hold_the_question_is_ranked_by_its_window(tmp_
         middle = [h for h in windowed(question, "bm25", 10) if "## 乙" in h["text"]]
         assert len(middle) == 1 and middle[0]["file"] == "rnn.md"
         assert middle[0]["score_raw"] > 0  # scored by its window, not only listed
+
+
+def test_a_shared_prompt_bounds_the_hybrid_passages_only(zh: Path) -> None:
+    """``Searcher(prompt=…)`` hands the prompt to the merge in hybrid mode (``expand.shared_budget``);
+    BM25 or dense alone keep fixed passages."""
+    question, budget = "遗忘门和候选单元", 400
+    with Searcher(zh, expand_tokens=budget, prompt=0) as fixed, Searcher(zh, expand_tokens=budget, prompt=1) as shared:
+        grown = [len(p["chunk_ids"]) for p in fixed(question, "hybrid", 5)]
+        assert max(grown) > 1  # the premise: without a prompt a passage merges its ranked neighbour
+        for passage in shared(question, "hybrid", 5):  # a prompt of 1 token: every passage gets half the budget
+            assert len(passage["chunk_ids"]) == 1 or passage["tokens"] <= budget // 2
+        assert [len(p["chunk_ids"]) for p in shared(question, "hybrid", 5)] != grown
+        for mode in ("bm25", "dense"):
+            assert shared(question, mode, 5) == fixed(question, mode, 5)
