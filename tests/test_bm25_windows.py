@@ -110,10 +110,14 @@ def test_a_shared_prompt_bounds_the_hybrid_passages_only(zh: Path) -> None:
     """``Searcher(prompt=…)`` hands the prompt to the merge in hybrid mode (``expand.shared_budget``);
     BM25 or dense alone keep fixed passages."""
     question, budget = "遗忘门和候选单元", 400
-    with Searcher(zh, expand_tokens=budget, prompt=0) as fixed, Searcher(zh, expand_tokens=budget, prompt=1) as shared:
+    with (
+        Searcher(zh, expand_tokens=budget, prompt=0) as fixed,
+        Searcher(zh, expand_tokens=budget, prompt=1) as shared,
+    ):
         grown = [len(p["chunk_ids"]) for p in fixed(question, "hybrid", 5)]
         assert max(grown) > 1  # the premise: without a prompt a passage merges its ranked neighbour
-        for passage in shared(question, "hybrid", 5):  # a prompt of 1 token: every passage gets half the budget
+        # a prompt of 1 token: every passage gets half the budget
+        for passage in shared(question, "hybrid", 5):
             assert len(passage["chunk_ids"]) == 1 or passage["tokens"] <= budget // 2
         assert [len(p["chunk_ids"]) for p in shared(question, "hybrid", 5)] != grown
         for mode in ("bm25", "dense"):
