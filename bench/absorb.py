@@ -13,8 +13,13 @@ to the close), ``cpu_*`` the same in the process's CPU time (every thread), and
 run, over every row's text; SQLite's FTS5 rows go in with the others and stay in every
 figure).
 
+``--edit-rows N`` times instead what one edited chunk costs a LanceDB store of N rows (built
+first by commits of 50,000, untimed): the commit that replaces one row's text, which rebuilds
+the whole BM25 index (Lance's index takes appended rows incrementally only through
+``optimize()``, which also compacts, and counts deleted rows in its statistics until rebuilt).
+
 Usage: ``python bench/absorb.py [--vectors 20000] [--batch 128] [--stores sqlite lancedb]
-[--baselines]``.
+[--baselines] [--edit-rows 200000]``.
 """
 
 from __future__ import annotations
@@ -158,6 +163,54 @@ def baselines(work: Path, rows: list[Any], kinds: list[str]) -> dict[str, float]
     return found
 
 
+def edit_commit(work: Path, rows: list[Any], wanted: int) -> dict[str, float]:
+    """Seconds to commit one edited chunk (its text replaced, a new vector) into a LanceDB
+    store of ``wanted`` rows: ``rows`` repeated under new ids and texts up to that size."""
+    import numpy as np
+
+    from pipeline.index.rows import digest_text
+    from pipeline.index.vector_store import open_at
+
+    def row(i: int) -> Any:
+        base = rows[i % len(rows)]
+        if i < len(rows):
+            return base
+        text = f"{base.embed_text} [{i}]"
+        return replace(base, chunk_id=f"{base.chunk_id}#{i}", embed_text=text, digest=digest_text(text))
+
+    rng = np.random.default_rng(1)
+    db = open_at("lancedb", work / "edit.lance", dim=384)
+    meta = {"embed_model": "bench", "dim": "384", "chunks": str(wanted)}
+    began = time.perf_counter()
+    for generation, start in enumerate(range(0, wanted, 50_000), start=1):
+        part = [row(i) for i in range(start, min(wanted, start + 50_000))]
+        vectors = rng.standard_normal((len(part), 384)).astype(np.float32)
+        db.commit(
+            list(zip(part, vectors, strict=True)),
+            set(),
+            {**meta, "generation": str(generation)},
+            model="bench",
+        )
+    built = time.perf_counter() - began
+    edited = row(5)
+    text = edited.embed_text + " rewritten"
+    edited = replace(edited, embed_text=text, digest=digest_text(text))
+    vector = rng.standard_normal(384).astype(np.float32)
+    cpu, began = time.process_time(), time.perf_counter()
+    db.commit([(edited, vector)], set(), {**meta, "generation": "7"}, model="bench")
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+    found = db.lexical(["rewritten"], 3)
+    db.close()
+    if not found or found[0][0] != edited.chunk_id:
+        raise SystemExit(f"the edited chunk {edited.chunk_id} is not found by its new word: {found}")
+    return {
+        "rows": wanted,
+        "build_s": round(built, 1),
+        "edit_commit_s": round(wall, 3),
+        "edit_cpu_s": round(cpu, 3),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vectors", type=int, default=20_000)
@@ -168,10 +221,19 @@ def main() -> int:
         action="store_true",
         help="also time what bounds each store, alone (vec0, Lance's BM25 build)",
     )
+    parser.add_argument(
+        "--edit-rows",
+        type=int,
+        default=0,
+        help="time one edited chunk's commit into a LanceDB store of N rows",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cy-absorb-"))
     try:
         rows = chunk_rows(work, args.vectors)
+        if args.edit_rows:
+            print("edit", json.dumps(edit_commit(work, rows, args.edit_rows)), flush=True)
+            return 0
         results = {}
         for kind in args.stores:
             path = work / ("index.sqlite" if kind == "sqlite" else "index.lance")

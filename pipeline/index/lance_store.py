@@ -1,8 +1,9 @@
 """The second store: a LanceDB folder (extra ``lancedb``), for when one SQLite file is not enough.
 
 Tables ``chunks`` (payload, analyzed text, vector) and ``cache`` ((model, digest) → vector),
-plus ``meta.json``. Rows and cache entries the tables lack are appended (``add``: one Arrow
-table built column by column, no join); the others are ``merge_insert`` on their key, which
+plus ``meta.json``. Their text columns are written uncompressed (``UNCOMPRESSED``: a new
+table's; an older store's compressed ones are read and written as they are). Rows and cache
+entries the tables lack are appended (``add``: one Arrow table built column by column, no join); the others are ``merge_insert`` on their key, which
 joins against the whole table. Deletes are ``delete(IN …)``. Each write is a table version
 and a data file, so cached vectors are written in groups (``pipeline.index.cache_group``).
 LanceDB has no transaction across tables, so ``commit`` orders its steps: rows in, rows
@@ -10,6 +11,12 @@ out, the FTS index rebuilt, then ``meta.json`` (the cursor) replaced atomically.
 killed in between leaves the cursor behind its writes; the next run replays the same
 changes, which are idempotent (at-least-once, where SQLite gives exactly-once). Each
 commit is a new table version: ``optimize()`` compacts them every few runs.
+
+The FTS index is rebuilt whole by each commit that changes rows, which costs in proportion
+to the table, not to the change: it is what keeps BM25 scores equal to a fresh index's.
+Lance's incremental paths differ: rows not yet indexed are scanned but scored with the
+index's statistics alone, and an index updated by ``optimize()`` keeps deleted rows in its
+document count, lengths and frequencies until rebuilt (an edit is a delete and an add).
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from pipeline.index.vector_store import TIE_MARGIN, StoreError, best_first
 
 META = "meta.json"
 OPTIMIZE_EVERY = 10  #: commits between compactions
+#: Lance's field metadata for a column written as it is: compressing the text columns (their
+#: default) is most of ``add``'s time, for a quarter of the table's size (docs/benchmarks.md)
+UNCOMPRESSED = {"lance-encoding:compression": "none"}
 _COLUMNS = ["chunk_id", "file", "hash", "digest", "row_digest", "policy_hash", "model_tokens"]
 #: the ``chunks`` columns that are ``ChunkRow`` attributes of the same name, as one getter
 _ROW_COLUMNS = (*(c for c in _COLUMNS if c != "row_digest"), "doc_id", "section_id", "source_file", "text")
@@ -92,18 +102,18 @@ class LanceStore:
         if name == "cache":
             return pa.schema(
                 [
-                    pa.field("key", pa.string()),
+                    pa.field("key", pa.string(), metadata=UNCOMPRESSED),
                     vector,
                     pa.field("tokens", pa.int64()),
                     pa.field("used", pa.int64()),
                 ]
             )
         text = [
-            pa.field(c, pa.string())
+            pa.field(c, pa.string(), metadata=UNCOMPRESSED)
             for c in ("doc_id", "section_id", "source_file", "text", "body", "payload")
         ]
-        head = [pa.field(c, pa.string()) for c in _COLUMNS[:-1]] + [pa.field("model_tokens", pa.int64())]
-        return pa.schema([*head, *text, vector])
+        head = [pa.field(c, pa.string(), metadata=UNCOMPRESSED) for c in _COLUMNS[:-1]]
+        return pa.schema([*head, pa.field("model_tokens", pa.int64()), *text, vector])
 
     def _table(self, name: str) -> Any:
         table = self._chunks if name == "chunks" else self._cache
@@ -360,7 +370,8 @@ def utf8_column(pa: Any, values: Sequence[bytes]) -> Any:
 
 
 def build_fts(table: Any) -> None:
-    """(Re)build the table's BM25 index over ``body`` (LanceDB rebuilds it whole)."""
+    """(Re)build the table's BM25 index over ``body``, whole (see the module docstring: the
+    incremental paths would score differently)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # create_fts_index's deprecation notice
         table.create_fts_index(
