@@ -26,7 +26,8 @@ are kept in ``DIR/result-<size>.json``, the rankings merged question by question
 may be run for one gold set at a time), so a million is built under ``nice`` and measured in
 locked runs of a few minutes; ``--only alone`` ranks each gold set in its corpus alone
 (``DIR/gold-alone.json``: the haystack's cost). ``--keep DIR`` leaves the chunks, the embedding cache and the built stores in DIR; a rerun
-re-uses each store whose size and seed match.
+re-uses each store whose size and seed match. ``--candidates N`` (Tantivy's candidates per row asked) and ``--counted``
+(document counts counted, as after a deletion) probe the scale BM25's two costs.
 """
 
 from __future__ import annotations
@@ -281,6 +282,20 @@ def probe(spec_path: Path) -> None:
         from pipeline.index import ann
 
         ann.EXPANSION_SEARCH = int(spec["ef"])
+    if spec.get("candidates") or spec.get("counted"):
+        from pipeline.index import bm25_tantivy
+
+        if spec.get("candidates"):  # --candidates: Tantivy's candidates per row asked
+            bm25_tantivy.CANDIDATES = int(spec["candidates"])
+        if spec.get("counted"):  # --counted: document counts as after a deletion (counted, not looked up)
+            opened = bm25_tantivy.TantivyBm25._open
+
+            def counted(self: Any) -> Any:
+                searcher = opened(self)
+                self._deleted = max(self._deleted, 1)
+                return searcher
+
+            bm25_tantivy.TantivyBm25._open = counted  # type: ignore[method-assign]
     ask = Searcher(Path(spec["out"]), f"sqlite:{spec['store']}", embed, expand_tokens=0)
     if not spec["scale"] and ask._scale is not None:
         ask._scale.close()
@@ -378,13 +393,14 @@ def _rss_by_mapping(store: Path) -> dict[str, float]:
 
 
 def run_probe(scratch: Path, out: Path, store: Path, questions: list[str], modes: Sequence[str],
-              scale: bool, ef: int = 0, share: bool = False) -> dict[str, Any]:
+              scale: bool, ef: int = 0, share: bool = False, bm25: dict[str, int] | None = None) -> dict[str, Any]:
     import subprocess
 
     spec = scratch / f"probe-{os.getpid()}.json"  # a probe of its own: phases may run side by side
     spec.write_text(json.dumps({"cache": str(scratch / "embed-cache.sqlite"), "out": str(out), "store": str(store),
                                 "questions": questions, "modes": list(modes), "scale": scale, "ef": ef,
-                                "share": share, "progress": str(scratch / "probe-progress.log")}))
+                                "share": share, "progress": str(scratch / "probe-progress.log"),
+                                **(bm25 or {})}))
     done = subprocess.run([sys.executable, __file__, "--probe", str(spec)], capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:
@@ -440,9 +456,12 @@ def measure_size(
     runs_of = {side: scratch / f"runs-{size}-{side}.json" for side in ("scale", "exact")}
     if "scale" in phases:
         log(f"{size}: probing with the scale indexes, {' '.join(args.modes)} ({len(asked)} questions)")
-        scaled = run_probe(scratch, out, store, asked, args.modes, True, args.ef)
+        scaled = run_probe(scratch, out, store, asked, args.modes, True, args.ef,
+                           bm25={"candidates": args.candidates, "counted": int(args.counted)})
         if args.ef:
             row["scale"] = row.get("scale", {}) | {"ef": args.ef}
+        row["scale"] = row.get("scale", {}) | {"bm25_candidates": args.candidates or "default",
+                                               "bm25_counted": args.counted}
         memory = {k: v for k, v in scaled.items() if k.endswith("_mb")}
         row.setdefault("scale", {}).update(scaled["modes"])
         row["scale"]["memory"] = {**row["scale"].get("memory", {}), "+".join(args.modes): memory}
@@ -651,6 +670,10 @@ def main() -> None:
     parser.add_argument("--part", default="1/1", help="K/N: the exact phase asks the K-th of N slices of "
                         "its questions (the rankings are merged, nDCG is given once a set is whole)")
     parser.add_argument("--ef", type=int, default=0, help="the HNSW search's breadth (0: ann.EXPANSION_SEARCH)")
+    parser.add_argument("--candidates", type=int, default=0,
+                        help="Tantivy's candidates per row asked (0: bm25_tantivy.CANDIDATES)")
+    parser.add_argument("--counted", action="store_true",
+                        help="BM25's document counts counted, as after a deletion (not Tantivy's doc_freq)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES,
                         help="the modes probed (--only scale / exact)")
     parser.add_argument("--probe", type=Path, help=argparse.SUPPRESS)

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import re
+import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,6 +106,12 @@ def fuzz_seed() -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     required_parts()  # a misspelt CHUNKYARD_REQUIRE stops the run before any test
+    # A suite started in the background of a non-interactive shell (`make test &`, nohup)
+    # inherits SIGINT ignored, and an ignored signal stays ignored across exec: every
+    # chunkyard the tests start would then shrug off the Ctrl-C the Ctrl-C tests send. Python
+    # only installs its KeyboardInterrupt handler where SIGINT was not ignored; installing it
+    # here gives the children SIGINT's default again (a handler is reset by exec).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # -- required parts: under CI a missing one fails, it never skips ------------------------

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from index_support import run_ingest
 
+from pipeline.index.bm25_exact import bm25 as _bm25
+from pipeline.index.bm25_exact import occurrences as _occurrences
 from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.index.language import CJK_PASSAGE_TOKENS, CJK_PROMPT_TOKENS
 from pipeline.index.query import Searcher
 from pipeline.index.sync import index
-from pipeline.index.windows import _bm25, _occurrences
 
 pytest.importorskip("sqlite_vec")
 

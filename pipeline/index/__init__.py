@@ -21,7 +21,7 @@ Where things go:
   ``passages`` and ``expand`` merge hits into passages, ``analyzer`` is the BM25 side's.
 - ``scale`` (extra ``scale``): indexes derived from the SQLite store for large indexes,
   kept in step at each commit: ``bm25_tantivy`` (pruning BM25, with ``fts_tokens``: FTS5's
-  own terms) and ``ann`` (HNSW).
+  own terms, and ``bm25_exact``: FTS5's scores of its candidates) and ``ann`` (HNSW).
 
 Nothing here imports numpy, onnxruntime or a store until a function that needs it is
 called. The package's names load on first use (PEP 562), so importing one of its light

@@ -19,10 +19,17 @@ store stays the truth, and this index is derived from it:
   state: which graph file, how many journal bytes are valid, which store generation)
   replaced in one rename. Past ``JOURNAL_MAX_KEYS`` journalled keys a run compacts: the
   graph is loaded, the journal and the run applied to it, and it is saved to a new file
-  (``<store>.hnsw-<generation>``, synced) named by the next state. A reader uses the graph
-  only when the state's generation equals the store's; a SIGKILL anywhere leaves the state
-  naming a whole graph and a whole journal prefix, at worst an older generation, which
-  readers then ignore (the exact path answers) and the next ``chunkyard index`` rebuilds.
+  (``<store>.hnsw-<generation>``, synced) named by the next state.
+  A reader uses the graph only when the state's generation equals the store's; a SIGKILL
+  anywhere leaves the state naming a whole graph and a whole journal prefix, at worst an
+  older generation, which readers then ignore (the exact path answers) and the next
+  ``chunkyard index`` rebuilds.
+- **Late vectors** (a compaction's) are inserted at ``EXPANSION_ADD_EXISTING``, far wider than
+  a fresh build's ``EXPANSION_ADD``: a vector inserted into a graph of near-duplicate clusters
+  at the fresh build's breadth finds mostly one cluster's members, whose full edge lists drop
+  it, and searches rarely reach it (``docs/benchmarks.md``). The wider search costs several
+  times more a vector; a compaction inserts about ``JOURNAL_MAX_KEYS`` of them, a fresh build
+  every vector, so only the compaction pays it and a fresh build keeps its breadth.
 - **Readers** map the file (``view``): pages are read as the search touches them. The
   journal's removed keys hide their nodes (the graph is asked for that many more
   candidates) and its added vectors are scored exactly beside the graph's candidates.
@@ -46,7 +53,11 @@ if TYPE_CHECKING:
 
 STATE_SUFFIX = ".hnsw.json"
 CONNECTIVITY = 16  #: edges per node (usearch's M)
-EXPANSION_ADD = 128  #: candidate list while inserting (efConstruction)
+EXPANSION_ADD = 128  #: candidate list while a fresh graph is built (efConstruction)
+#: Candidate list while a compaction inserts the journal's vectors into an existing graph: wider
+#: than a near-duplicate cluster of that graph, so that a late vector's search gets past it to
+#: the neighbours that will link back to it (``EXPANSION_ADD`` leaves many unreachable).
+EXPANSION_ADD_EXISTING = 2048
 EXPANSION_SEARCH = 8192  #: candidate list while searching (ef): recall against latency (docs/benchmarks.md)
 DTYPE = "i8"
 #: Keys removed since the last build, as a share of the graph, past which a run rebuilds it
@@ -229,7 +240,7 @@ class HnswIndex:
         delta = self._journal(state)
         delta.apply(gone, keys, vectors)
         graph = self._usearch.Index.restore(str(self.store_path.parent / state["file"]))
-        graph.expansion_add = EXPANSION_ADD
+        graph.expansion_add = EXPANSION_ADD_EXISTING
         hidden = np.fromiter(delta.hidden, dtype=np.uint64, count=len(delta.hidden))
         if len(hidden):
             present = hidden[np.asarray(graph.contains(hidden), dtype=bool).reshape(-1)]
@@ -291,6 +302,7 @@ class HnswIndex:
              "journal": "", "journal_bytes": 0, "journal_keys": 0, "vectors": vectors}
         )  # fmt: skip
         self._view = None
+        self._delta, self._delta_at = None, None  # a compaction folded (and changed) the replayed journal
         self.close_exact()
         for leftover in (old.get("file"), old.get("journal"), old.get("vectors")):
             if leftover and leftover not in (name, vectors):

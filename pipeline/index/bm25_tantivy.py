@@ -12,17 +12,33 @@ the fallback), and this index is derived from it and keyed to it:
 - **Queries** are ``analyzer.query_terms``: each term's tokens a term query (one token) or
   a phrase query (several), all SHOULD clauses of one boolean query, so the OR of FTS5's
   query is kept and Tantivy runs BlockMax-WAND over the term clauses.
-- **Scores** are Tantivy's BM25 (Lucene's): ``idf = ln(1 + (N - n + 0.5) / (n + 0.5))``,
-  ``k1 = 1.2``, ``b = 0.75``, the document length quantised to one byte (Lucene's
-  ``SmallFloat`` code), ``avgdl`` the mean token count. FTS5's ``bm25()`` uses
-  ``ln((N - n + 0.5) / (n + 0.5))`` (floored near 0) and exact lengths, so the two rankings
-  differ a little (``docs/benchmarks.md`` gives the gold sets' nDCG both ways). Deleted
-  documents count in ``N``, ``n`` and ``avgdl`` until their segment is merged, as in
-  Lucene: scores drift from a fresh build's by a little; once the rows deleted since the
-  last build pass ``REBUILD_RATIO`` of the index, the next run rebuilds it.
+- **Scores are FTS5's** (``exact``): Tantivy only finds the candidates (``CANDIDATES`` times
+  the rows asked for); each candidate is then scored with FTS5's own formula and statistics
+  (``pipeline.index.bm25_exact``: ``N`` and ``avgdl`` from FTS5's averages record, the
+  exact token counts of the rows), so the list is the one ``bm25()`` gives whenever FTS5's
+  top k is among the candidates. Tantivy's own scores differ (Lucene's
+  ``ln(1 + (N - n + 0.5) / (n + 0.5))``, lengths quantised to a byte): to rank the
+  candidates as FTS5 would, each clause is boosted by FTS5's idf over Tantivy's, so a word
+  in most rows (FTS5's idf floor) weighs nearly nothing there either. How often the exact
+  top k is among the candidates, and the nDCG both ways, is measured (docs/benchmarks.md).
+- **Document counts** ``n`` (``frequency``) are this index's, and exact: Tantivy's
+  ``doc_freq`` of the term while no row was deleted since the last build (it would count
+  deleted documents until their segment is merged), else the count of live documents
+  matching the term or phrase (what FTS5 counts); a phrase is always counted. The index
+  holds the store's rows at the generation it records, and a search uses it only at that
+  generation, so each ``n`` is FTS5's. Once the rows deleted since the last build pass
+  ``REBUILD_RATIO`` of the index, the next run rebuilds it (counting costs more than
+  ``doc_freq``; the scores stay exact either way).
+- **Exact, and where not**: every score returned is the number ``bm25()`` gives that row,
+  and ``N``, ``avgdl`` and each ``n`` are FTS5's, deleted documents or not (before a rebuild,
+  below ``REBUILD_RATIO``, they cost time, not exactness). What is not guaranteed is the
+  list: a row of FTS5's top k that Tantivy's ranking (boosted, but with its quantised
+  lengths) leaves out of the candidates is missing, and the next row takes its place.
 - **Freshness**: ``state.json`` inside the folder names the store ``generation`` the index
   reflects; it is replaced (atomically) only after Tantivy's own commit. A reader uses the
-  index only when that generation equals the store's; otherwise the store's FTS5 answers.
+  index only when that generation equals the store's, read in the same snapshot as the
+  rows it scores, and the searcher it asks is the one opened at that generation; otherwise
+  the store's FTS5 answers.
   A rebuild goes to ``<folder>.new`` and is swapped in by renames, so a SIGKILL at any
   point leaves either the previous index or none (then FTS5 answers) and never half of one.
 """
@@ -38,6 +54,7 @@ from typing import Any
 import orjson
 
 from pipeline.errors import UsageError
+from pipeline.index.bm25_exact import RowScorer, Weighted, collection, fts5_idf, lucene_idf
 from pipeline.index.fts_tokens import Fts5Tokens
 
 STATE = "state.json"
@@ -48,6 +65,13 @@ REBUILD_HEAP = 512_000_000
 #: Rows deleted (or replaced) since the last build, as a share of the index, past which a
 #: run rebuilds instead of updating (the statistics of deleted documents stop counting).
 REBUILD_RATIO = 0.1
+#: Candidates Tantivy finds per row asked for, scored again exactly. The rows asked for include
+#: the caller's ``TIE_MARGIN``, which is the slack: with the clauses boosted to FTS5's idf, the
+#: exact top 10 of every gold question in the 1M haystack was among them, and more candidates
+#: changed no gold set's nDCG but cost each query Python time (docs/benchmarks.md).
+CANDIDATES = 1
+#: Document counts kept between queries (per generation; past it the memory starts over).
+COUNTS_KEPT = 100_000
 
 
 def _tantivy() -> Any:
@@ -102,6 +126,8 @@ class TantivyBm25:
         self._index: Any = None
         self._searcher: Any = None
         self._generation: str | None = None
+        self._counts: dict[tuple[str, ...], int] = {}
+        self._deleted = 0  #: rows deleted since the last build, as the open searcher's state says
 
     # --- reading --------------------------------------------------------------------------
 
@@ -113,33 +139,89 @@ class TantivyBm25:
         return None if value is None else str(value)
 
     def _open(self) -> Any:
-        generation = self.generation()
+        state = read_state(self.folder)
+        generation = None if state.get("generation") is None else str(state["generation"])
         if self._index is None:
             self._index = self._tantivy.Index.open(str(self.folder))
         if self._searcher is None or generation != self._generation:
             self._index.reload()
             self._searcher = self._index.searcher()
             self._generation = generation
+            self._counts = {}
+            self._deleted = int(state.get("deleted", 0))
         return self._searcher
+
+    def phrases(self, terms: Sequence[str]) -> list[tuple[str, ...]]:
+        """Each query term's FTS5 tokens, in order, a repeated one again (FTS5 scores it again);
+        a term without a token is left out (FTS5 drops it too)."""
+        found = (tuple(self._tokens.query(term)) for term in terms)
+        return [tokens for tokens in found if tokens]
+
+    def _clause(self, tokens: Sequence[str]) -> Any:
+        tantivy = self._tantivy
+        if len(tokens) == 1:
+            return tantivy.Query.term_query(self._schema, "body", tokens[0])
+        return tantivy.Query.phrase_query(self._schema, "body", list(tokens))
 
     def query(self, terms: Sequence[str]) -> Any:
         """The boolean OR of the terms (each a term or a phrase of FTS5 tokens); ``None``: no token."""
+        should = self._tantivy.Occur.Should
+        clauses = [(should, self._clause(tokens)) for tokens in self.phrases(terms)]
+        return self._tantivy.Query.boolean_query(clauses) if clauses else None
+
+    def frequency(self, phrase: tuple[str, ...], searcher: Any = None) -> int:
+        """Live documents holding ``phrase`` (adjacent tokens): FTS5's count of rows matching it."""
+        searcher = self._open() if searcher is None else searcher
+        if phrase not in self._counts:
+            if len(self._counts) >= COUNTS_KEPT:
+                self._counts = {}
+            if len(phrase) == 1 and not self._deleted:
+                count = int(searcher.doc_freq("body", phrase[0]))  # no deleted document to count
+            else:
+                count = int(searcher.search(self._clause(phrase), 1, count=True).count)
+            self._counts[phrase] = count
+        return self._counts[phrase]
+
+    def candidates(self, terms: Weighted, limit: int, searcher: Any = None) -> list[int]:
+        """The rowids of Tantivy's best ``limit`` rows for the phrases ``terms`` (tokens, FTS5's
+        idf), each clause boosted from Tantivy's idf to FTS5's, best first."""
+        if not terms or limit <= 0:
+            return []
+        searcher = self._open() if searcher is None else searcher
         tantivy = self._tantivy
+        docs = int(searcher.num_docs)
         clauses = []
-        for term in terms:
-            tokens = self._tokens.query(term)
-            if len(tokens) == 1:
-                clauses.append(
-                    (tantivy.Occur.Should, tantivy.Query.term_query(self._schema, "body", tokens[0]))
-                )
-            elif tokens:
-                clauses.append(
-                    (tantivy.Occur.Should, tantivy.Query.phrase_query(self._schema, "body", tokens))
-                )
-        return tantivy.Query.boolean_query(clauses) if clauses else None
+        for phrase, idf in terms:
+            own = sum(lucene_idf(docs, int(searcher.doc_freq("body", token))) for token in phrase)
+            clause = self._clause(phrase)
+            if own > 0:
+                clause = tantivy.Query.boost_query(clause, idf / own)
+            clauses.append((tantivy.Occur.Should, clause))
+        hits = searcher.search(tantivy.Query.boolean_query(clauses), limit, count=False).hits
+        rows = searcher.fast_field_values("row", [address for _, address in hits])
+        return [int(row) for row in rows if row is not None]
+
+    def exact(
+        self, conn: Any, terms: Sequence[str], k: int, generation: str
+    ) -> list[tuple[int, float]] | None:
+        """``(rowid, FTS5's BM25)`` of the best rows among ``CANDIDATES * k`` candidates, best
+        first, at most ``k``; ``conn``: a connection to the store (its FTS5 table ``fts``) in a
+        snapshot at ``generation``. ``None`` when this index has moved past ``generation``
+        meanwhile (a run finished between the caller's check and now: FTS5 answers)."""
+        phrases = self.phrases(terms)
+        searcher = self._open()
+        if self._generation != generation:
+            return None
+        rows, tokens = collection(conn)
+        if not phrases or not rows or k <= 0:
+            return []
+        weighted = [(phrase, fts5_idf(rows, self.frequency(phrase, searcher))) for phrase in phrases]
+        found = self.candidates(weighted, CANDIDATES * k, searcher)
+        return RowScorer(conn, self._tokens).scores(weighted, found, tokens / rows)[:k]
 
     def search(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
-        """``(rowid, BM25 score)`` of the ``k`` best rows, best first (ties in Tantivy's order)."""
+        """``(rowid, Tantivy's BM25 score)`` of Tantivy's ``k`` best rows, best first (ties in
+        Tantivy's order): the candidates as Tantivy ranks them, unboosted (``exact`` ranks as FTS5)."""
         query = self.query(terms)
         if query is None or k <= 0:
             return []
@@ -170,8 +252,9 @@ class TantivyBm25:
     def apply(
         self, removed: Iterable[int], added: Iterable[tuple[int, str]], generation: str, *, chunks: int
     ) -> None:
-        """Drop the rows ``removed``, add ``added`` (rowid, ``embedText``), then commit and
-        record ``generation`` (after Tantivy's commit: a crash in between leaves it stale)."""
+        """Drop the rows ``removed``, add ``added`` (rowid, the store's FTS5 body: ``embedText``
+        through the index's analyzer, whichever it is), then commit and record ``generation``
+        (after Tantivy's commit: a crash in between leaves it stale)."""
         deleted = int(read_state(self.folder).get("deleted", 0))
         index = self._tantivy.Index.open(str(self.folder))
         writer = index.writer(heap_size=WRITER_HEAP, num_threads=1)
@@ -180,7 +263,7 @@ class TantivyBm25:
                 writer.delete_documents_by_term("row", int(rowid))
                 deleted += 1
             for rowid, text in added:
-                writer.add_document(self._document(rowid, self._tokens.document(text)))
+                writer.add_document(self._document(rowid, self._tokens.analyzed(text)))
             writer.commit()
         except BaseException:
             writer.rollback()

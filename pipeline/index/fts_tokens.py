@@ -38,7 +38,7 @@ class Fts5Tokens:
         found = self._tokenizer(
             text.encode("utf-8"), reason, None, include_offsets=False, include_colocated=False
         )
-        return [str(t) for t in found]
+        return found if isinstance(found, list) else [str(t) for t in found]  # apsw's: a list of str
 
     def document(self, text: str) -> list[str]:
         """The tokens FTS5 indexes for ``text`` (an ``embedText``), analyzer included."""

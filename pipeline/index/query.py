@@ -113,6 +113,8 @@ class Searcher:
         self._executor: ThreadPoolExecutor | None = None
         self._lexical_db: VectorStore | None = None
         self._scale = open_scale_search(self.db.kind, self.db.path, int(self.meta.get("dim", "0") or 0))
+        if self._windows is not None and self._scale is not None:
+            self._windows.counts = self._scale.counts  # the windows' term counts: a lookup at scale
         hint = rebuild_hint(str(out), str(store) if store else None, None)
         require(self.db.analyzer, default_analyzer(self.db), where=str(self.db.path), hint=hint)
         wanted: dict[str, str] = {"analyzer": self.db.analyzer}

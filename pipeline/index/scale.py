@@ -239,7 +239,7 @@ class ScaleSync:
                     pass
                 elif previous is not None and have == previous and not lexical.worn():
                     started = time.perf_counter()
-                    added = [(new[row.chunk_id], row.embed_text) for row, _ in changed if row.chunk_id in new]
+                    added = reader.bodies([new[row.chunk_id] for row, _ in changed if row.chunk_id in new])
                     lexical.apply(old.values(), added, generation, chunks=chunks)
                     self.seconds["bm25_apply"] = time.perf_counter() - started
                 else:
@@ -318,11 +318,35 @@ class ScaleSearch:
         return False
 
     def lexical(self, terms: Sequence[str], k: int) -> list[tuple[str, float]] | None:
-        if self._bm25 is None or not self._current(self._bm25.generation(), "bm25", self.lexical_reader):
+        """FTS5's BM25 of Tantivy's candidates (``TantivyBm25.exact``), read from the store in
+        one snapshot: its generation, statistics, rows and ids."""
+        if self._bm25 is None:
             return None
-        hits = self._bm25.search(terms, k + TIE_MARGIN)
-        ids = self.lexical_reader.ids([rowid for rowid, _ in hits])
+        with self.lexical_reader.conn:
+            found = self._lexical(self._bm25, terms, k)
+        return found
+
+    def _lexical(self, bm25: Any, terms: Sequence[str], k: int) -> list[tuple[str, float]] | None:
+        reader = self.lexical_reader
+        have = bm25.generation()
+        if not self._current(have, "bm25", reader):
+            return None
+        hits = bm25.exact(reader.conn, terms, k + TIE_MARGIN, str(have))
+        if hits is None:
+            self.stale.add("bm25")
+            return None
+        ids = reader.ids([rowid for rowid, _ in hits])
         return best_first([(ids[r], s) for r, s in hits if r in ids], k)
+
+    def counts(self, phrase: tuple[str, ...]) -> int | None:
+        """Rows holding ``phrase``, counted by the BM25 index while it is at the store's
+        generation (FTS5's count, without reading every match); ``None`` otherwise."""
+        if self._bm25 is None:
+            return None
+        have = self._bm25.generation()
+        if have is None or have != self.lexical_reader.generation():
+            return None
+        return self._bm25.frequency(phrase)
 
     def dense(self, vector: Vector, k: int) -> list[tuple[str, float]] | None:
         if self._ann is None or not self._current(self._ann.generation(), "ann", self.reader):

@@ -133,6 +133,17 @@ class StoreReader:
                 hits.append((str(cid), 1.0 - float(dist)))
         return hits
 
+    def bodies(self, rowids: Sequence[int]) -> list[tuple[int, str]]:
+        """These rows' rowid and FTS5 ``body`` (``embedText`` through the index's analyzer)."""
+        found: list[tuple[int, str]] = []
+        for part in _parts(list(rowids)):
+            marks = ",".join("?" * len(part))
+            for rowid, body in self.conn.execute(
+                f"SELECT rowid, body FROM fts WHERE rowid IN ({marks})", part
+            ):
+                found.append((int(rowid), str(body)))
+        return found
+
     def texts(self) -> Iterator[tuple[int, str]]:
         """Every row's rowid and analyzed ``embedText`` (what its FTS5 row holds)."""
         for rowid, body in self.conn.execute("SELECT rowid, body FROM fts"):

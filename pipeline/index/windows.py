@@ -10,31 +10,43 @@ d2l-zh and fastapi-zh-ja gold sets is in docs/benchmarks.md).
 
 ``WindowScorer`` re-scores the BM25 list of an index with the CJK analyzer: each candidate's
 score becomes ``(1 - WINDOW_SHARE) * own + WINDOW_SHARE * window``, where ``window`` is
-Okapi BM25 (k1 1.2, b 0.75 as FTS5's; Lucene's idf, ``_idf``) of the query over the text of the chunk and its
+Okapi BM25 (``pipeline.index.bm25_exact``: k1 1.2, b 0.75 as FTS5's, but Lucene's idf, never
+negative) of the query over the text of the chunk and its
 ``WINDOW`` neighbours on each side in its document, read as one text (the term counts and
 lengths summed), against an average length ``2 * WINDOW + 1`` times the index's. The
 candidates are the ``WINDOW_POOL`` best by BM25 over the chunk alone **and every chunk whose
 window holds one of them** (a candidate's neighbours): the chunk that answers often shares few
 of the question's bigrams itself while its neighbour shares many, and it is that chunk the
-window exists to find (its own score is FTS5's BM25 of it, 0 when it matches no term). The
-list returned is the rescored one, best first. Term statistics (rows, document frequencies, total tokens)
-come from the index's own FTS5 table, the tokens from FTS5's own tokenizer over the
-analyzed ``embedText`` (what the table holds), the neighbours from the chunk folder (as the
-passage merge finds them), so an index updated run by run ranks as a fresh build of the
-same chunks does.
+window exists to find. A neighbour's own score is FTS5's BM25 of its row, 0 when it matches no
+term, computed for that row alone (``bm25_exact.RowScorer``: the number ``bm25()`` gives it,
+on the scale the candidates' scores are on, whichever ranker found them), not by running the
+query through FTS5 again. The list returned is the rescored one, best first. Term statistics
+(rows and total tokens from FTS5's averages record, document frequencies counted by FTS5, or
+by the scale BM25 index while it is current: the same numbers) come from the index's own FTS5 table, the tokens from FTS5's own tokenizer over the analyzed
+``embedText`` (what the table holds), the neighbours from the chunk folder (as the passage
+merge finds them), so an index updated run by run ranks as a fresh build of the same chunks
+does.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.index.analyzer import FTS5_TOKENIZE, fts5_query
+from pipeline.index.analyzer import FTS5_TOKENIZE
 from pipeline.index.analyzers import Analysis
+from pipeline.index.bm25_exact import (
+    Counted,
+    RowScorer,
+    bm25,
+    collection,
+    fts5_frequency,
+    fts5_idf,
+    lucene_idf,
+)
 from pipeline.index.expand import ChunkFiles, ChunkSpan
+from pipeline.index.fts_tokens import Fts5Tokens
 
 #: Neighbours on each side that join a chunk's window (0: BM25 over the chunk alone).
 WINDOW = 1
@@ -44,8 +56,6 @@ WINDOW_SHARE = 0.5
 WINDOW_POOL = 200
 #: Chunks whose tokens are kept across queries (past it the memory starts over).
 TOKENS_KEPT = 50_000
-K1 = 1.2
-B = 0.75
 
 Reader = Callable[[Path], dict[str, Any] | None]
 
@@ -61,32 +71,26 @@ class WindowScorer:
         self.analysis = analysis
         self.read = read
         self.window = window
-        self._apsw = apsw
         self._conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
         self._conn.set_busy_timeout(10_000)
-        name, *args = FTS5_TOKENIZE.split()
-        self._tokenizer: Any = apsw.Connection(":memory:").fts5_tokenizer(name, args)
+        self._fts = Fts5Tokens(FTS5_TOKENIZE)  # FTS5's own tokenizer, for queries and texts alike
+        self._rows = RowScorer(self._conn, self._fts)
         self._stats: tuple[str, int, float] | None = None  # (generation, rows, mean tokens per row)
         self._df: dict[str, int] = {}
         self._tokens: dict[tuple[str, str], Counted] = {}
+        #: Another index's count of the rows holding a phrase (the searcher's scale BM25 index
+        #: while it is current: a lookup where FTS5 reads every match); ``None`` from it, or no
+        #: such index: FTS5 counts.
+        self.counts: Callable[[tuple[str, ...]], int | None] | None = None
 
     def close(self) -> None:
+        self._fts.close()
         self._conn.close()
-
-    def _tokenize(self, text: str, reason: int) -> list[str]:
-        found = self._tokenizer(
-            text.encode("utf-8"), reason, None, include_offsets=False, include_colocated=False
-        )
-        return [str(t) for t in found]
 
     def _collection(self, generation: str) -> tuple[int, float]:
         """(rows, mean tokens per row) of the FTS5 table, read again when ``generation`` moves."""
         if self._stats is None or self._stats[0] != generation:
-            self._conn.execute(
-                "CREATE VIRTUAL TABLE IF NOT EXISTS temp.fts_terms USING fts5vocab(main, fts, row)"
-            )
-            rows = int(next(iter(self._conn.execute("SELECT count(*) FROM fts")))[0])
-            total = next(iter(self._conn.execute("SELECT coalesce(sum(cnt), 0) FROM temp.fts_terms")))[0]
+            rows, total = collection(self._conn)
             self._stats = (generation, rows, float(total) / rows if rows else 0.0)
             self._df = {}
         return self._stats[1], self._stats[2]
@@ -94,10 +98,9 @@ class WindowScorer:
     def _frequency(self, term: str) -> int:
         """Rows holding the query term (a phrase for a term of several tokens), as FTS5 counts them."""
         if term not in self._df:
-            match = '"' + term.replace('"', '""') + '"'
-            self._df[term] = int(
-                next(iter(self._conn.execute("SELECT count(*) FROM fts WHERE fts MATCH ?", (match,))))[0]
-            )
+            tokens = tuple(self._fts.query(term))
+            found = self.counts(tokens) if self.counts is not None and tokens else None
+            self._df[term] = fts5_frequency(self._conn, term) if found is None else found
         return self._df[term]
 
     def _chunk_tokens(self, chunk_id: str, record: dict[str, Any]) -> Counted:
@@ -106,9 +109,7 @@ class WindowScorer:
         if key not in self._tokens:
             if len(self._tokens) >= TOKENS_KEPT:
                 self._tokens.clear()
-            self._tokens[key] = Counted(
-                self._tokenize(self.analysis.analyze(text), self._apsw.FTS5_TOKENIZE_DOCUMENT)
-            )
+            self._tokens[key] = Counted(self._fts.analyzed(self.analysis.analyze(text)))
         return self._tokens[key]
 
     def rescore(
@@ -124,11 +125,13 @@ class WindowScorer:
         if not hits or self.window <= 0:
             return list(hits[:depth])
         rows, mean = self._collection(generation)
-        terms = []
+        terms, exact = [], []
         for term in self.analysis.query_terms(query):
-            tokens = self._tokenize(term, self._apsw.FTS5_TOKENIZE_QUERY)
+            tokens = self._fts.query(term)
             if tokens:
-                terms.append((tuple(tokens), self._idf(rows, self._frequency(term))))
+                frequency = self._frequency(term)
+                terms.append((tuple(tokens), lucene_idf(rows, frequency)))
+                exact.append((tuple(tokens), fts5_idf(rows, frequency)))
         lookup = ChunkFiles(self.out, None, self.read)
         own = dict(hits)
         members = {chunk_id: self._members(lookup, chunk_id, files.get(chunk_id)) for chunk_id, _ in hits}
@@ -136,7 +139,7 @@ class WindowScorer:
         # may be better than the candidate's own
         extra = sorted({m for found in members.values() for m in found} - own.keys())
         if extra:
-            own.update(self._own_scores(query, extra))
+            own.update(self._own_scores(exact, extra, mean))
             for chunk_id in extra:
                 own.setdefault(chunk_id, 0.0)
                 members[chunk_id] = self._members(lookup, chunk_id, self._file_of(lookup, chunk_id))
@@ -145,38 +148,34 @@ class WindowScorer:
             window = self._tokens_of(lookup, found)
             score = own[chunk_id]
             if window:
-                score = (1.0 - WINDOW_SHARE) * score + WINDOW_SHARE * _bm25(
+                score = (1.0 - WINDOW_SHARE) * score + WINDOW_SHARE * bm25(
                     terms, window, mean * (2 * self.window + 1)
                 )
             scored.append((chunk_id, score))
         scored.sort(key=lambda p: (-p[1], p[0]))
         return scored[:depth]
 
-    def _own_scores(self, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
-        """FTS5's BM25 (positive, as ``lexical`` gives it) of the chunks ``chunk_ids`` that match
-        ``query``'s terms; a chunk matching none is absent."""
-        terms = self.analysis.query_terms(query)
+    def _own_scores(
+        self, terms: Sequence[tuple[tuple[str, ...], float]], chunk_ids: Sequence[str], mean: float
+    ) -> dict[str, float]:
+        """FTS5's BM25 (positive, as ``lexical`` gives it) of the rows of the chunks ``chunk_ids``
+        that match a phrase of ``terms`` (tokens, FTS5's idf); a chunk matching none is absent."""
         if not terms:
             return {}
-        wanted = set(chunk_ids)
-        # every match, as ``lexical`` scores them (FTS5 scores them all to sort them anyway): a
-        # rowid constraint makes FTS5 evaluate the query once per row, many times slower
-        rows = self._conn.execute(
-            "SELECT c.chunk_id, bm25(fts) FROM fts JOIN chunks c ON c.rowid = fts.rowid WHERE fts MATCH ?",
-            (fts5_query(terms),),
-        )
-        return {str(chunk_id): -float(score) for chunk_id, score in rows if chunk_id in wanted}
+        ids: dict[int, str] = {}
+        for i in range(0, len(chunk_ids), 500):
+            part = list(chunk_ids[i : i + 500])
+            marks = ",".join("?" * len(part))
+            for rowid, chunk_id in self._conn.execute(
+                f"SELECT rowid, chunk_id FROM chunks WHERE chunk_id IN ({marks})", part
+            ):
+                ids[int(rowid)] = str(chunk_id)
+        return {ids[rowid]: score for rowid, score in self._rows.scores(terms, list(ids), mean)}
 
     def _file_of(self, lookup: ChunkFiles, chunk_id: str) -> str | None:
         """A neighbour's chunk file, relative to the chunk folder (as ``lookup`` found it)."""
         path = lookup.paths.get(chunk_id)
         return path.relative_to(self.out).as_posix() if path is not None else None
-
-    @staticmethod
-    def _idf(rows: int, frequency: int) -> float:
-        """``log((N - n + 0.5) / (n + 0.5) + 1)`` (Lucene's BM25 idf, never negative; FTS5's own
-        lacks the ``+ 1`` and floors at a millionth), 0 for a term no row holds."""
-        return math.log((rows - frequency + 0.5) / (frequency + 0.5) + 1.0) if frequency else 0.0
 
     def _members(self, lookup: ChunkFiles, chunk_id: str, chunk_file: str | None) -> list[str]:
         """The chunk and its neighbours within the window (``[]`` when its file cannot be read)."""
@@ -203,40 +202,6 @@ class WindowScorer:
             if record is not None:
                 out.append(self._chunk_tokens(member, record))
         return out
-
-
-class Counted(list[str]):
-    """A chunk's tokens with their counts: a one-token term is counted by a lookup, and a phrase
-    whose first token the chunk lacks is not searched for (each query scores hundreds of windows)."""
-
-    def __init__(self, tokens: list[str]) -> None:
-        super().__init__(tokens)
-        self.counts = Counter(tokens)
-
-
-def _bm25(
-    terms: Sequence[tuple[tuple[str, ...], float]], texts: Sequence[list[str]], average: float
-) -> float:
-    """Okapi BM25 of the query ``terms`` (token phrase, idf) over ``texts`` read as one text."""
-    length = sum(len(t) for t in texts)
-    norm = K1 * (1.0 - B + B * length / average) if average > 0 else K1
-    score = 0.0
-    for phrase, idf in terms:
-        tf = sum(_occurrences(phrase, tokens) for tokens in texts)
-        if tf:
-            score += idf * tf * (K1 + 1.0) / (tf + norm)
-    return score
-
-
-def _occurrences(phrase: tuple[str, ...], tokens: list[str]) -> int:
-    """How often ``phrase`` occurs in ``tokens`` as adjacent tokens (overlapping runs count)."""
-    counts = tokens.counts if isinstance(tokens, Counted) else None
-    if len(phrase) == 1:
-        return counts[phrase[0]] if counts is not None else tokens.count(phrase[0])
-    first, size = phrase[0], len(phrase)
-    if counts is not None and not counts[first]:
-        return 0
-    return sum(1 for i, tok in enumerate(tokens) if tok == first and tuple(tokens[i : i + size]) == phrase)
 
 
 def window_scorer(
