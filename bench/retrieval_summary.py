@@ -88,6 +88,7 @@ def main() -> None:
                                          ("search+rrf60", "chunkyard search, fused by RRF k = 60"),
                                          ("search+section", "chunkyard search, passages within the hit's section"),
                                          ("search+merge0", "chunkyard search --no-expand"),
+                                         ("search+prompt0", "chunkyard search, CJK passages not sharing a prompt"),
                                          ("search@chunkyard-384", "chunkyard search, 384-token chunks"),
                                          ("search@chunkyard-512", "chunkyard search, 512-token chunks (before 0.4.0)")]))
 

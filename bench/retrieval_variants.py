@@ -12,6 +12,8 @@ embeds only what it adds:
   joined by ``+``, change one setting each: ``merge<B>`` (passage budget; ``merge0`` = plain
   chunks), ``expand<B>`` (plain search, then growth into unranked neighbours too),
   ``rrf<K>`` (reciprocal rank fusion with constant K instead of the default z-score fusion), ``wd<W>`` (dense weight in tenths, BM25 weight 1),
+  ``prompt<P>`` (the prompt the passages share, ``expand.shared_budget``; ``prompt0``: fixed passages),
+  ``floor<F>`` (a later passage of a shared prompt takes at least F tokens, not half the budget),
   ``win<N>`` (BM25 windows of N neighbours a side; ``win0``: each chunk alone),
   ``section`` (passages kept inside the hit's section instead of growing across headings
   within its document), ``lang<code>`` (the index built with ``--lang <code>``: ``langen`` the
@@ -159,6 +161,9 @@ class IndexSearch:
         self, chunk_dir: Path, embed: Any, options: Mapping[str, Any], grow: int = 0, lang: str | None = None
     ) -> None:
         from pipeline.evaluate.run import prompt_search
+
+        options = dict(options)
+        self.floor: int | None = options.pop("floor", None)
         from pipeline.index.query import Searcher
         from pipeline.index.sync import index
 
@@ -175,7 +180,17 @@ class IndexSearch:
         self.search = prompt_search(self.searcher, chunk_dir, corpus, grow, ranked_only=False)
 
     def __call__(self, query: str, mode: str, k: int) -> list[dict[str, Any]]:
-        return list(self.search(query, mode, k))
+        if self.floor is None:
+            return list(self.search(query, mode, k))
+        import pipeline.index.expand as expand_module
+
+        shared, floor = expand_module.shared_budget, self.floor
+        # the bench only: the floor of ``shared_budget`` replaced while this search runs
+        expand_module.shared_budget = lambda budget, prompt, used: max(floor, min(budget, (prompt - used) // 2))
+        try:
+            return list(self.search(query, mode, k))
+        finally:
+            expand_module.shared_budget = shared
 
 
 def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
@@ -191,7 +206,7 @@ def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
         if part.startswith("lang") and part[4:].isalpha():
             options["lang"] = part[4:]
             continue
-        m = re.fullmatch(r"(merge|expand|rrf|wd|win)(\d+)", part)
+        m = re.fullmatch(r"(merge|expand|rrf|wd|win|prompt|floor)(\d+)", part)
         if m is None:
             return None
         value = int(m.group(2))
@@ -203,6 +218,10 @@ def search_options(rest: str) -> tuple[dict[str, Any], int, str | None] | None:
             options["rrf_k"], options["fusion"] = value, "rrf"
         elif m.group(1) == "win":
             options["bm25_window"] = value
+        elif m.group(1) == "prompt":  # the prompt the passages share (0: fixed passages)
+            options["prompt"] = value
+        elif m.group(1) == "floor":  # a later passage's least share of that prompt (IndexSearch)
+            options["floor"] = value
         else:
             options["weights"] = (1.0, value / 10)
     return options, grow, source or None

@@ -14,7 +14,7 @@ from index_support import run_ingest
 from pipeline.index.bm25_exact import bm25 as _bm25
 from pipeline.index.bm25_exact import occurrences as _occurrences
 from pipeline.index.expand import DEFAULT_BUDGET
-from pipeline.index.language import CJK_PASSAGE_TOKENS
+from pipeline.index.language import CJK_PASSAGE_TOKENS, CJK_PROMPT_TOKENS
 from pipeline.index.query import Searcher
 from pipeline.index.sync import index
 
@@ -64,11 +64,16 @@ def test_the_passage_budget_and_the_windows_follow_the_language(zh: Path, tmp_pa
     with Searcher(zh) as searcher:
         assert searcher.expand_tokens == CJK_PASSAGE_TOKENS
         assert searcher.record("候选单元", 3)["expand_tokens"] == CJK_PASSAGE_TOKENS
-    with Searcher(zh, expand_tokens=300) as searcher:
+        assert searcher.prompt is None  # embedded by the default model: fixed passages
+    with Searcher(zh, expand_tokens=300, prompt=CJK_PROMPT_TOKENS) as searcher:
         assert searcher.expand_tokens == 300  # asked for: kept
+        assert searcher.prompt == CJK_PROMPT_TOKENS
+    with Searcher(zh, prompt=0) as searcher:
+        assert searcher.prompt is None  # 0: fixed passages
     en = _indexed(EN, tmp_path / "en")
     with Searcher(en) as searcher, Searcher(en, bm25_window=3) as asked:
         assert searcher.expand_tokens == DEFAULT_BUDGET
+        assert searcher.prompt is None  # English passages: fixed
         question = "forget gate and candidate cell"
         # no windows on an English index, asked for or not: BM25 over each chunk, as before
         assert [h["score_raw"] for h in searcher(question, "bm25", 5)] == [
@@ -100,3 +105,21 @@ def test_a_chunk_whose_neighbours_hold_the_question_is_ranked_by_its_window(tmp_
         middle = [h for h in windowed(question, "bm25", 10) if "## 乙" in h["text"]]
         assert len(middle) == 1 and middle[0]["file"] == "rnn.md"
         assert middle[0]["score_raw"] > 0  # scored by its window, not only listed
+
+
+def test_a_shared_prompt_bounds_the_hybrid_passages_only(zh: Path) -> None:
+    """``Searcher(prompt=…)`` hands the prompt to the merge in hybrid mode (``expand.shared_budget``);
+    BM25 or dense alone keep fixed passages."""
+    question, budget = "遗忘门和候选单元", 400
+    with (
+        Searcher(zh, expand_tokens=budget, prompt=0) as fixed,
+        Searcher(zh, expand_tokens=budget, prompt=1) as shared,
+    ):
+        grown = [len(p["chunk_ids"]) for p in fixed(question, "hybrid", 5)]
+        assert max(grown) > 1  # the premise: without a prompt a passage merges its ranked neighbour
+        # a prompt of 1 token: every passage gets half the budget
+        for passage in shared(question, "hybrid", 5):
+            assert len(passage["chunk_ids"]) == 1 or passage["tokens"] <= budget // 2
+        assert [len(p["chunk_ids"]) for p in shared(question, "hybrid", 5)] != grown
+        for mode in ("bm25", "dense"):
+            assert shared(question, mode, 5) == fixed(question, mode, 5)

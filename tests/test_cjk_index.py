@@ -18,7 +18,7 @@ from index_support import copy_short_sample, run_ingest
 
 from pipeline.index import analyzer as chars
 from pipeline.index import cjk
-from pipeline.index.analyzers import analysis, with_cjk
+from pipeline.index.analyzers import CHARS, analysis, with_cjk
 from pipeline.index.language import cjk_share, detect, is_cjk_code
 from pipeline.index.query import Searcher
 from pipeline.index.sync import index
@@ -47,6 +47,17 @@ def test_bigrams_of_a_run_and_unigrams_of_a_lone_character() -> None:
         "pytorch", "优化", "化器", "器里", "里设", "设置", "weight_decay",
     ]  # fmt: skip
     assert cjk.query_terms("张量张量") == ["张量", "量张"]  # de-duplicated
+
+
+def test_the_iteration_mark_and_ideographic_zero_belong_to_their_run() -> None:
+    """々 repeats the character before it (様々, 人々), 〆 and 〇 are written inside words and
+    numbers (二〇二六): each is part of its CJK run, so its bigrams are the run's, not a word apart."""
+    assert cjk.analyze("人々は様々な") == "人々 々は は様 様々 々な"
+    assert cjk.query_terms("様々な設定") == ["様々", "々な", "な設", "設定"]
+    assert cjk.analyze("二〇二六年") == "二〇 〇二 二六 六年"
+    assert cjk.analyze("〆切") == "〆切"
+    assert cjk.BIGRAMS != "+cjk-bigrams"  # the analysis changed: an index of the first one is rebuilt
+    assert analysis(chars.ANALYZER.removesuffix(CHARS) + "+cjk-bigrams", chars.ANALYZER) is None
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -157,7 +168,14 @@ def test_an_updated_cjk_index_ranks_as_a_fresh_build(zh: tuple[Path, Path], tmp_
 
 def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Path) -> None:
     from pipeline.index import embed_e5
-    from pipeline.index.language import CJK_DENSE, CJK_DENSE_MULTILINGUAL, MULTILINGUAL, hybrid_weights
+    from pipeline.index.language import (
+        CJK_DENSE,
+        CJK_DENSE_MULTILINGUAL,
+        CJK_PROMPT_TOKENS,
+        MULTILINGUAL,
+        hybrid_weights,
+        prompt_tokens,
+    )
 
     bigrams = with_cjk(chars.ANALYZER, True)
     assert embed_e5.E5_NAME in MULTILINGUAL
@@ -165,6 +183,10 @@ def test_hybrid_weights_follow_the_language(zh: tuple[Path, Path], tmp_path: Pat
     assert hybrid_weights({"analyzer": chars.ANALYZER, "embed_model": embed_e5.E5_NAME}) == (1.0, 1.0)
     assert hybrid_weights({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) == (1.0, CJK_DENSE)
     assert hybrid_weights({"analyzer": bigrams, "embed_model": embed_e5.E5_NAME}) == (1.0, CJK_DENSE_MULTILINGUAL)
+    # the passages of a hybrid search share one prompt only where the multilingual model embedded CJK text
+    assert prompt_tokens({"analyzer": bigrams, "embed_model": embed_e5.E5_NAME}) == CJK_PROMPT_TOKENS
+    assert prompt_tokens({"analyzer": bigrams, "embed_model": "onnx:all-MiniLM-L6-v2-int8"}) is None
+    assert prompt_tokens({"analyzer": chars.ANALYZER, "embed_model": embed_e5.E5_NAME}) is None
     _, out = _copy(zh, tmp_path / "w")
     report = index(out)
     if embed_e5.available():  # the multilingual extra: a CJK corpus takes its model

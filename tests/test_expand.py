@@ -169,3 +169,43 @@ def test_chunk_files_reads_the_same_spans_lazily(chunk_dir, spans):
         assert walked == run  # every field, links as chunk ids
         assert len(lazy.spans) <= len(run) + 1  # only the files it walked were turned into spans
     assert ChunkFiles(chunk_dir)("never-remembered") is None
+
+
+def doc_runs(spans: dict[str, ChunkSpan], length: int) -> list[list[ChunkSpan]]:
+    """The first ``length`` chunks of each document that has that many, linked next to next."""
+    runs = []
+    for span in spans.values():
+        if span.prev_id is not None:
+            continue
+        run = [span]
+        while run[-1].next_id and len(run) < length:
+            run.append(spans[run[-1].next_id])
+        if len(run) == length:
+            runs.append(run)
+    return runs
+
+
+def test_a_shared_prompt_gives_each_later_passage_half_of_what_it_has_left(spans):
+    """With ``prompt``, passages share one prompt: the first grows to the budget (half the prompt),
+    each later one to half of what the prompt has left after those above it, never below half
+    the budget, so a hit ranked lower still fits beside the first passages."""
+    first_run, second_run, third_run = doc_runs(spans, 8)[:3]  # chunks of about 64 tokens
+    budget = 240
+    prompt = 2 * budget
+    hits = [item(first_run[0]), item(second_run[0]), item(third_run[0])]
+    got = expand(hits, spans.get, budget=budget, prompt=prompt, scope="document")
+    alone = [expand([h], spans.get, budget=budget, scope="document")[0] for h in hits]
+    assert got[0]["chunk_ids"] == alone[0]["chunk_ids"]  # the first: the whole budget, as without a prompt
+    left = prompt - got[0]["tokens"]
+    [want] = expand([hits[1]], spans.get, budget=max(budget // 2, min(budget, left // 2)), scope="document")
+    assert got[1]["chunk_ids"] == want["chunk_ids"]
+    assert got[1]["tokens"] < alone[1]["tokens"]  # the premise: the prompt's share binds
+    assert (prompt - got[0]["tokens"] - got[1]["tokens"]) // 2 < budget // 2  # the premise: below the floor
+    [floor] = expand([hits[2]], spans.get, budget=budget // 2, scope="document")
+    assert got[2]["chunk_ids"] == floor["chunk_ids"] and len(floor["chunk_ids"]) > 1  # half the budget still
+    # without a prompt every passage may take the whole budget
+    assert [g["chunk_ids"] for g in expand(hits, spans.get, budget=budget, scope="document")] == [
+        a["chunk_ids"] for a in alone
+    ]
+    with pytest.raises(ValueError, match="prompt"):
+        expand(hits, spans.get, budget=budget, prompt=-1)

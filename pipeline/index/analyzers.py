@@ -7,8 +7,9 @@ path is the write path). Two analyses exist, each under the store's own tokenize
 - ``…+cjk-chars`` (``pipeline.index.analyzer``): every CJK character a token, a query's CJK
   run one exact phrase. The default, and the analyzer of every index built before languages
   were told apart: an index without CJK text keeps this name, hence its ``index_hash``.
-- ``…+cjk-bigrams`` (``pipeline.index.cjk``): overlapping bigrams, each query bigram a term
+- ``…+cjk-bigrams2`` (``pipeline.index.cjk``): overlapping bigrams, each query bigram a term
   of its own (Lucene's ``CJKAnalyzer``). Chosen for Chinese, Japanese and Korean corpora.
+  (``…+cjk-bigrams``, its first version, is unknown now: such an index is rebuilt.)
 
 Text without CJK characters is analyzed the same by both, so the choice only matters where
 CJK text is.

@@ -20,11 +20,15 @@ import re
 
 from pipeline.index.analyzer import MAX_TERMS, may_hold_cjk, words
 
-#: The analyzer names' suffix for this analysis (the default's is ``+cjk-chars``).
-BIGRAMS = "+cjk-bigrams"
+#: The analyzer names' suffix for this analysis (the default's is ``+cjk-chars``). The first
+#: version, ``+cjk-bigrams``, cut runs at 々, 〆 and 〇; an index built with it is refused with the
+#: rebuild command (``language.require``), so an index is never read with another analysis.
+BIGRAMS = "+cjk-bigrams2"
 
+#: A run of CJK characters: the CJK blocks, and 々 (the iteration mark: 様々, 人々), 〆 and 〇
+#: (written inside words and numbers: 二〇二六), which sit among the CJK punctuation marks.
 _RUN = re.compile(
-    "[\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "[\u2e80-\u2fdf\u3005-\u3007\u3040-\u30ff\u3100-\u312f\u3190-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
     "\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f\U00020000-\U0002fa1f]+"
 )
 

@@ -15,6 +15,12 @@ and section (``scope="section"``, the default here) or only the same document
 ranked neighbours) and the passage stays within ``budget`` tokens; a later hit already
 inside an earlier passage is dropped (it would cite the same text twice). An item keeps the hit's fields (id, scores) with the passage's ``offsets``,
 ``tokens`` and the ``chunk_ids`` it spans, hit first.
+
+**A shared prompt** (``prompt``): the passages are read together, in one prompt of that many
+tokens, so a passage that grows crowds the places ranked after it out of the prompt. Then only
+the first passage may take the whole ``budget``; each later one grows into at most half of what
+the prompt has left after the passages above it, never less than half the budget
+(``shared_budget``): the best-ranked hit gets its context, and the next places still fit.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ import orjson
 DEFAULT_BUDGET = 768
 #: How far a passage may grow: within the hit's section, or anywhere in its document.
 SCOPES = ("section", "document")
+
+
+def shared_budget(budget: int, prompt: int, used: int) -> int:
+    """A passage's budget when the passages share a prompt of ``prompt`` tokens and those above it
+    hold ``used``: half of what is left, at most ``budget``, at least half of ``budget``."""
+    return max(budget // 2, min(budget, (prompt - used) // 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +141,7 @@ def expand(
     scope: str = "section",
     depth: int | None = None,
     limit: int | None = None,
+    prompt: int | None = None,
 ) -> list[dict[str, Any]]:
     """Expand ranked ``items`` (best first) into passages of at most ``budget`` tokens each.
 
@@ -149,11 +162,16 @@ def expand(
     ``scope`` (one of ``SCOPES``): ``section`` keeps a passage inside the hit's section;
     ``document`` lets it cross headings within the hit's document (still one run of the
     document's chunks, so still one span).
+
+    ``prompt`` (tokens; ``None``: none): the passages share a prompt of that size, and each
+    passage's budget is ``shared_budget(budget, prompt, tokens of the passages before it)``.
     """
     if scope not in SCOPES:
         raise ValueError(f"unknown passage scope {scope!r} (hint: one of {', '.join(SCOPES)})")
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be 1 or more, got {depth}")
+    if prompt is not None and prompt < 0:
+        raise ValueError(f"prompt must be 0 or more tokens, got {prompt}")
     ranked = items[:depth] if depth is not None else items
     within = {id_of(item): r for r, item in enumerate(ranked)} if ranked_only else None
     size: Size = _sum_tokens
@@ -168,6 +186,7 @@ def expand(
 
     covered: set[str] = set()
     out: list[dict[str, Any]] = []
+    used = 0  # tokens of the passages so far (a shared prompt's)
     for item in items:
         if limit is not None and len(out) >= limit:
             break
@@ -179,13 +198,15 @@ def expand(
             covered.add(chunk_id)
             out.append(dict(item))
             continue
-        members = _passage(hit, lookup, budget, covered, within, size, scope)
+        own = budget if prompt is None else shared_budget(budget, prompt, used)
+        members = _passage(hit, lookup, own, covered, within, size, scope)
         covered.update(m.chunk_id for m in members)
         start = min(m.start for m in members)
         end = max(m.end for m in members)
         passage = {k: v for k, v in item.items() if k not in ("text", "originalText")}
         passage["offsets"] = {"start": start, "end": end, "unit": "char"}
         passage["tokens"] = size(members)
+        used += passage["tokens"]
         if "lineSpan" in item and all(m.line_start for m in members):
             passage["lineSpan"] = {
                 "lineStart": min(m.line_start for m in members),

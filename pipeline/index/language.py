@@ -182,6 +182,14 @@ MULTILINGUAL = (embed_e5.E5_NAME,)
 CJK_PASSAGE_TOKENS = 1000
 
 
+#: The prompt the passages of a hybrid search over CJK text embedded by a multilingual model share
+#: (``expand.shared_budget``): the first passage takes ``CJK_PASSAGE_TOKENS``, each later one half of
+#: what this prompt has left, at least half that budget, so that a large first passage does not
+#: crowd the next places out of the prompt (chosen on the d2l-zh set for that configuration; with
+#: the default model, or BM25 or dense alone, it cost answers in the top 5 there: docs/benchmarks.md).
+CJK_PROMPT_TOKENS = 2 * CJK_PASSAGE_TOKENS
+
+
 def is_cjk_index(meta: Mapping[str, str]) -> bool:
     """Whether the index whose meta is ``meta`` was built with the CJK analyzer."""
     return meta.get("analyzer", "").endswith(with_cjk("", True))
@@ -191,6 +199,14 @@ def passage_budget(meta: Mapping[str, str], default: int) -> int:
     """The passage budget of search over the index whose meta is ``meta`` when none is asked:
     ``default``, or ``CJK_PASSAGE_TOKENS`` for an index with the CJK analyzer."""
     return CJK_PASSAGE_TOKENS if is_cjk_index(meta) else default
+
+
+def prompt_tokens(meta: Mapping[str, str]) -> int | None:
+    """The prompt the passages of a hybrid search over the index whose meta is ``meta`` share when
+    none is asked: ``CJK_PROMPT_TOKENS`` for an index with the CJK analyzer embedded by a
+    multilingual model (``MULTILINGUAL``), else none (fixed passages)."""
+    multilingual = meta.get("embed_model", "") in MULTILINGUAL
+    return CJK_PROMPT_TOKENS if is_cjk_index(meta) and multilingual else None
 
 
 def hybrid_weights(meta: Mapping[str, str]) -> tuple[float, float]:

@@ -122,9 +122,11 @@ class Passages:
         warnings: list[str],
         ids: Mapping[str, str],
         limit: int | None = None,
+        prompt: int | None = None,
     ) -> list[dict[str, Any]]:
         """``items`` (best first) merged into passages (``pipeline.index.expand``, ranked neighbours
-        only, within ``passage_scope``); the first ``limit`` passages only, when given.
+        only, within ``passage_scope``); the first ``limit`` passages only, when given; with
+        ``prompt``, passages that share a prompt of that many tokens (``expand.shared_budget``).
 
         A hit whose source no longer holds its text at its offsets (edited since ingest, or
         gone) is kept as a chunk, with a warning: a passage is read from the source.
@@ -178,6 +180,7 @@ class Passages:
             scope=self.scope,
             depth=MERGE_DEPTH,
             limit=limit,
+            prompt=prompt,
         )
         for item in merged:
             item.setdefault("chunk_ids", [item["chunk_id"]])

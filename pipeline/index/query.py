@@ -32,7 +32,7 @@ from pipeline.index.analyzer import ANALYZER
 from pipeline.index.expand import DEFAULT_BUDGET, SCOPES
 from pipeline.index.fusion import FUSIONS, MISSING_Z, MODES, RRF_K, Candidate, fuse, score_norm, zscores
 from pipeline.index.identity import check_compatible, rebuild_hint
-from pipeline.index.language import default_analyzer, hybrid_weights, passage_budget, require
+from pipeline.index.language import default_analyzer, hybrid_weights, passage_budget, prompt_tokens, require
 from pipeline.index.passages import MERGE_DEPTH, Passages
 from pipeline.index.rows import ChunkRow
 from pipeline.index.scale import open_scale_search
@@ -68,9 +68,12 @@ class Searcher:
         passage_scope: str = "document",
         overlap_lexical: bool = True,
         bm25_window: int | None = None,
+        prompt: int | None = None,
     ) -> None:
         if expand_tokens is not None and expand_tokens < 0:
             raise UsageError(f"expand_tokens must be 0 (off) or more, got {expand_tokens}")
+        if prompt is not None and prompt < 0:
+            raise UsageError(f"prompt must be 0 (fixed passages) or more tokens, got {prompt}")
         if fusion not in FUSIONS:
             raise UsageError(f"unknown fusion {fusion!r} (hint: one of {', '.join(FUSIONS)})")
         if passage_scope not in SCOPES:
@@ -94,6 +97,10 @@ class Searcher:
             passage_budget(self.meta, DEFAULT_BUDGET) if expand_tokens is None else expand_tokens
         )
         """The passage budget (``None`` asked: the language's, ``language.passage_budget``)."""
+        self.prompt = (prompt_tokens(self.meta) if prompt is None else prompt) or None
+        """The prompt a hybrid search's passages share (``expand.shared_budget``; ``None`` asked: the
+        language's, ``language.prompt_tokens``; 0 or none: every passage may take the whole budget).
+        BM25 or dense alone keep fixed passages."""
         self._windows = window_scorer(self.db, self.meta, self.out, self._passages.read_record, bm25_window)
         """BM25 over each chunk with its neighbours (``pipeline.index.windows``): the CJK
         analyzer's default; ``bm25_window`` 0 ranks each chunk alone."""
@@ -185,7 +192,8 @@ class Searcher:
         items = items[:pool]
         if budget:
             ids = {row.id: cid for cid, row in rows.items()}
-            items = self._passages.merge(items, budget, warnings, ids, limit=k)  # the first k passages
+            prompt = self.prompt if mode == "hybrid" else None
+            items = self._passages.merge(items, budget, warnings, ids, limit=k, prompt=prompt)  # the first k
         items = items[:k]
         for final, item in enumerate(items, 1):
             item["k_final"] = final
