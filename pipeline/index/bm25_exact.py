@@ -144,6 +144,18 @@ def fts5_frequency(conn: Any, term: str, table: str = "fts") -> int:
     return int(next(iter(conn.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?", (phrase,))))[0])
 
 
+def fts_bodies(conn: Any, rowids: Sequence[int]) -> list[tuple[int, str]]:
+    """``(rowid, body)`` of these rows of the FTS5 table ``fts`` (``embedText`` through the
+    index's analyzer: what FTS5 indexed), in batches of bound parameters; rows gone are absent."""
+    found: list[tuple[int, str]] = []
+    for i in range(0, len(rowids), _BATCH):
+        part = list(rowids[i : i + _BATCH])
+        marks = ",".join("?" * len(part))
+        for rowid, body in conn.execute(f"SELECT rowid, body FROM fts WHERE rowid IN ({marks})", part):
+            found.append((int(rowid), str(body)))
+    return found
+
+
 class RowScorer:
     """FTS5's BM25 of given rows of the table ``fts`` on the connection ``conn``."""
 
@@ -153,16 +165,8 @@ class RowScorer:
 
     def texts(self, rowids: Sequence[int]) -> dict[int, list[str]]:
         """Each row's tokens (its ``body`` through FTS5's tokenizer); rows gone are absent."""
-        found: dict[int, list[str]] = {}
         wanted = list(dict.fromkeys(int(r) for r in rowids))
-        for i in range(0, len(wanted), _BATCH):
-            part = wanted[i : i + _BATCH]
-            marks = ",".join("?" * len(part))
-            for rowid, body in self.conn.execute(
-                f"SELECT rowid, body FROM fts WHERE rowid IN ({marks})", part
-            ):
-                found[int(rowid)] = self.tokens.analyzed(str(body))
-        return found
+        return {rowid: self.tokens.analyzed(body) for rowid, body in fts_bodies(self.conn, wanted)}
 
     def scores(self, terms: Weighted, rowids: Sequence[int], average: float) -> list[tuple[int, float]]:
         """``(rowid, score)`` of the rows that match a phrase of ``terms`` (FTS5's ``-bm25()``),

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.index.bm25_exact import fts_bodies
 from pipeline.index.rows import Vector
 
 _BATCH = 500
@@ -135,14 +136,7 @@ class StoreReader:
 
     def bodies(self, rowids: Sequence[int]) -> list[tuple[int, str]]:
         """These rows' rowid and FTS5 ``body`` (``embedText`` through the index's analyzer)."""
-        found: list[tuple[int, str]] = []
-        for part in _parts(list(rowids)):
-            marks = ",".join("?" * len(part))
-            for rowid, body in self.conn.execute(
-                f"SELECT rowid, body FROM fts WHERE rowid IN ({marks})", part
-            ):
-                found.append((int(rowid), str(body)))
-        return found
+        return fts_bodies(self.conn, list(rowids))
 
     def texts(self) -> Iterator[tuple[int, str]]:
         """Every row's rowid and analyzed ``embedText`` (what its FTS5 row holds)."""
