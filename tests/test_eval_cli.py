@@ -116,6 +116,24 @@ def test_table_by_default_and_one_mode(indexed: tuple[Path, Path]) -> None:
     assert "nDCG@10" in result.output and "first hit" in result.output
 
 
+def test_dense_weight_is_the_hybrid_weighting_the_pack_reports(indexed: tuple[Path, Path]) -> None:
+    """``--dense-weight W``: the dense list weighs W against BM25's 1 (the index's identity in the
+    pack says which weights ran); at 0 hybrid ranks as BM25 alone, so their metrics agree."""
+    _, out = indexed
+    runs = {}
+    for weight in ("0", "0.5"):
+        result = cli("eval", GOLD, "--out", out, "--json", "--no-expand", "--dense-weight", weight)
+        assert result.exit_code == 0, result.output
+        runs[weight] = json.loads(result.stdout)
+    assert runs["0"]["index"]["weights"] == {"bm25": 1.0, "dense": 0.0}
+    assert runs["0.5"]["index"]["weights"] == {"bm25": 1.0, "dense": 0.5}
+    by_bm25 = runs["0"]["modes"]["bm25"]["metrics"]
+    assert runs["0"]["modes"]["hybrid"]["metrics"]["nDCG@10"] == pytest.approx(by_bm25["nDCG@10"])
+    assert runs["0.5"]["modes"]["hybrid"]["metrics"] != runs["0"]["modes"]["hybrid"]["metrics"]
+    negative = cli("eval", GOLD, "--out", out, "--dense-weight", "-1")
+    assert negative.exit_code == 2 and "--dense-weight" in negative.output
+
+
 def test_usage_errors_exit_2(indexed: tuple[Path, Path], tmp_path: Path) -> None:
     corpus, out = indexed
     bad_mode = cli("eval", GOLD, "--out", out, "--mode", "sparse")

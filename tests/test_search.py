@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -207,6 +208,29 @@ def test_search_cli_json_and_table(sample: Path) -> None:
         check=False,
     )
     assert missing.returncode == 2 and "chunkyard index" in missing.stderr
+
+
+def test_dense_weight_weighs_the_dense_list_and_the_record_says_so(sample: Path) -> None:
+    """``search --dense-weight W``: hybrid fuses BM25's z-scores plus W times the dense list's; at 0
+    the order is BM25's (a chunk only the dense list holds counts MISSING_Z there, below them all).
+    The record names the weights that ran, the language's when none is asked."""
+    cli = [sys.executable, "-m", "pipeline", "search", "overlap between pieces", "--out", str(sample)]
+    cli += ["--json", "--no-expand", "-k", "5"]
+
+    def ask(*extra: str) -> dict[str, Any]:
+        done = subprocess.run([*cli, *extra], capture_output=True, text=True, check=True)
+        record: dict[str, Any] = json.loads(done.stdout)
+        VALIDATOR.validate(record)
+        return record
+
+    default, bm25_only, zero = ask(), ask("--mode", "bm25"), ask("--dense-weight", "0")
+    assert default["weights"] == {"bm25": 1.0, "dense": 1.0} and "weights" not in bm25_only
+    assert zero["weights"] == {"bm25": 1.0, "dense": 0.0}
+    assert [i["chunk_id"] for i in zero["items"]] == [i["chunk_id"] for i in bm25_only["items"]]
+    heavy = ask("--dense-weight", "3")
+    assert [i["chunk_id"] for i in heavy["items"]] != [i["chunk_id"] for i in zero["items"]]
+    with pytest.raises(UsageError, match="not both 0"):
+        Searcher(sample, weights=(0.0, 0.0))
 
 
 def test_search_html_shows_each_hit_inside_its_source(sample: Path, tmp_path: Path) -> None:

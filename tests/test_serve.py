@@ -94,6 +94,21 @@ def test_search_options_equal_the_cli(server: Client, folders: tuple[Path, Path]
     )
 
 
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_serve_dense_weight_ranks_as_the_cli_with_it(folders: tuple[Path, Path], processes: str) -> None:
+    """``serve --dense-weight W`` (one process, or each of several) fuses hybrid search as
+    ``search --dense-weight W`` does, and its records say so."""
+    corpus, chunks = folders
+    query = "middleware for allowed origins"
+    args = ["--out", str(chunks), "--corpus", str(corpus), "--dense-weight", "0.3", "--processes", processes]
+    with served(args, chunks.parent) as client:
+        status, record = client.get(f"/v1/search?q={quote(query)}&k=4")
+    assert status == 200, record
+    assert record["weights"] == {"bm25": 1.0, "dense": 0.3}
+    assert without_volatile(record) == without_volatile(cli_search(chunks, query, "-k", "4", "--dense-weight", "0.3"))
+    assert without_volatile(record) != without_volatile(cli_search(chunks, query, "-k", "4"))
+
+
 def test_chunk_by_every_id_form_and_resolve(server: Client) -> None:
     hit = first_hit(server)
     status, by_chunk_id = server.get(f"/v1/chunk?id={quote(hit['chunk_id'])}")

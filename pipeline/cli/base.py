@@ -73,6 +73,17 @@ WaitOpt = Annotated[
     bool, typer.Option("--wait/--no-wait", help="Wait for another run holding the output lock.")
 ]
 LangOpt = Annotated[str, typer.Option("--lang", help="Language when front matter names none.")]
+DenseWeightOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--dense-weight",
+        min=0.0,
+        metavar="W",
+        help="Hybrid: the dense list's weight against BM25's 1 (default: the index language's: 1, or for CJK "
+        "text 0.7 by the multilingual model, 0.1 by the English one). Corpora differ: measure yours with "
+        "`chunkyard eval GOLD --dense-weight W`.",
+    ),
+]
 
 
 def resolve_corpus(arg: Path | None, opt: Path | None) -> Path:

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from pipeline.cli.base import AuditCorpusOpt, JsonOpt, QuietOpt, err, out_console, usage_error
+from pipeline.cli.base import AuditCorpusOpt, DenseWeightOpt, JsonOpt, QuietOpt, err, out_console, usage_error
 from pipeline.errors import PipelineError, UsageError
 from pipeline.index.expand import DEFAULT_BUDGET
 
@@ -80,11 +80,16 @@ HtmlOpt = Annotated[
 
 
 def open_index_search(
-    out: Path, store: Path | None, expand_tokens: int | None = None, corpus: Path | None = None
+    out: Path,
+    store: Path | None,
+    expand_tokens: int | None = None,
+    corpus: Path | None = None,
+    dense_weight: float | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The index's ``search(query, mode, k)`` (``pipeline.index.query.Searcher``, passages of
-    ``expand_tokens``, as ``chunkyard search`` gives them) and its identity (``index_hash``,
-    ``embed_model``, ``analyzer``, as the index records them, and ``expand_tokens``)."""
+    ``expand_tokens``, hybrid with ``dense_weight`` (``None``: the language's), as ``chunkyard
+    search`` gives them) and its identity (``index_hash``, ``embed_model``, ``analyzer``, as the
+    index records them, ``expand_tokens`` and the hybrid ``weights``)."""
     try:
         from pipeline.index.query import Searcher
     except ImportError as exc:  # the index extra (apsw, sqlite-vec, onnxruntime) is missing
@@ -92,11 +97,13 @@ def open_index_search(
             f"chunkyard eval needs the index ({exc.name} is not installed) "
             "(hint: pip install 'chunkyard[index]', then run `chunkyard index`)"
         ) from None
-    searcher = Searcher(out, store, expand_tokens=expand_tokens, corpus=corpus)
+    weights = None if dense_weight is None else (1.0, dense_weight)
+    searcher = Searcher(out, store, expand_tokens=expand_tokens, corpus=corpus, weights=weights)
     identity: dict[str, Any] = {
         key: searcher.meta[key] for key in ("index_hash", "embed_model", "analyzer") if searcher.meta.get(key)
     }
     identity["expand_tokens"] = searcher.expand_tokens  # None asked: the index language's budget
+    identity["weights"] = {"bm25": searcher.weights[0], "dense": searcher.weights[1]}
     return searcher, identity
 
 
@@ -123,6 +130,7 @@ def eval_cmd(
     beir: BeirOpt = None,
     trec: TrecOpt = None,
     html: HtmlOpt = None,
+    dense_weight: DenseWeightOpt = None,
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -139,7 +147,9 @@ def eval_cmd(
     modes = _modes(mode)
     try:
         chunk_store = open_store(out, corpus, need_corpus=True)
-        search, identity = open_index_search(out, store, 0 if no_expand else expand, chunk_store.corpus)
+        search, identity = open_index_search(
+            out, store, 0 if no_expand else expand, chunk_store.corpus, dense_weight
+        )
         asked = prompt_search(search, out, chunk_store.corpus)
         result = run_eval(
             gold, chunk_store.corpus, asked, modes=modes, k=k, index=identity, per_query=per_query

@@ -14,7 +14,16 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from pipeline.cli.base import JsonOpt, QuietOpt, WaitOpt, bar_progress, err, out_console, usage_error
+from pipeline.cli.base import (
+    DenseWeightOpt,
+    JsonOpt,
+    QuietOpt,
+    WaitOpt,
+    bar_progress,
+    err,
+    out_console,
+    usage_error,
+)
 from pipeline.errors import PipelineError
 from pipeline.index.expand import DEFAULT_BUDGET
 from pipeline.index.language import CJK_PASSAGE_TOKENS
@@ -263,6 +272,7 @@ def search_cmd(
     no_expand: Annotated[
         bool, typer.Option("--no-expand", help="Plain chunks, no passages (= --expand 0).")
     ] = False,
+    dense_weight: DenseWeightOpt = None,
 ) -> None:
     """Search the index: ranked passages (a hit and its ranked neighbours) with their source,
     lines and citation payload."""
@@ -271,7 +281,16 @@ def search_cmd(
 
     try:
         budget = 0 if no_expand else expand
-        record = search(out, query, k=k, mode=mode, store=store, embedder=embedder, expand_tokens=budget)
+        record = search(
+            out,
+            query,
+            k=k,
+            mode=mode,
+            store=store,
+            embedder=embedder,
+            expand_tokens=budget,
+            dense_weight=dense_weight,
+        )
         if html is not None:
             _write_search_page(record, query, out, html)
     except IndexMismatchError as exc:

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pipeline.cli.base import QuietOpt, err, usage_error
+from pipeline.cli.base import DenseWeightOpt, QuietOpt, err, usage_error
 from pipeline.errors import PipelineError, UsageError
 
 TOKEN_ENV = "CHUNKYARD_SERVE_TOKEN"
@@ -106,6 +106,7 @@ def serve_cmd(
     max_concurrent: Annotated[
         int, typer.Option("--max-concurrent", min=1, help="Requests in flight (per process) before 503 busy.")
     ] = 64,
+    dense_weight: DenseWeightOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Serve search with citations over HTTP (JSON API + MCP at /mcp), or MCP over stdio."""
@@ -122,7 +123,7 @@ def serve_cmd(
         code = run_server(
             out, watch=watch, corpus=corpus, store=store, host=host, port=port, token=token,
             mcp_stdio=mcp == "stdio", workers=workers, max_concurrent=max_concurrent, quiet=quiet,
-            query_cache=query_cache, processes=processes,
+            query_cache=query_cache, processes=processes, dense_weight=dense_weight,
         )  # fmt: skip
     except PipelineError as exc:
         raise usage_error(exc, False) from None
@@ -144,6 +145,7 @@ def run_server(
     quiet: bool,
     query_cache: int = 4096,
     processes: int = 1,
+    dense_weight: float | None = None,
 ) -> int:
     """Start the writer (``--watch``), open the index, serve until a signal; the exit code."""
     # one BLAS thread per query (set before numpy loads): the workers are the parallelism,
@@ -169,12 +171,20 @@ def run_server(
         settings = {
             "out": str(out), "store": store, "corpus": str(passages_from) if passages_from else None,
             "workers": workers, "query_cache": query_cache, "max_concurrent": max_concurrent, "token": token,
+            "dense_weight": dense_weight,
         }  # fmt: skip
         return run_processes(settings, processes, host, port, writer)
     limits = Limits(max_concurrent=max_concurrent)
     if writer is not None:
         writer.start()
-    handle = open_index(out, store, corpus=corpus or watch, workers=workers, query_cache=query_cache)
+    handle = open_index(
+        out,
+        store,
+        corpus=corpus or watch,
+        workers=workers,
+        query_cache=query_cache,
+        dense_weight=dense_weight,
+    )
     try:
         _warm(handle)
         if mcp_stdio:

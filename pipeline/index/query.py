@@ -76,6 +76,10 @@ class Searcher:
             raise UsageError(f"prompt must be 0 (fixed passages) or more tokens, got {prompt}")
         if fusion not in FUSIONS:
             raise UsageError(f"unknown fusion {fusion!r} (hint: one of {', '.join(FUSIONS)})")
+        if weights is not None and (min(weights) < 0 or not sum(weights) > 0):
+            raise UsageError(
+                f"hybrid weights must be 0 or more, not both 0, got {weights} (hint: e.g. --dense-weight 1.5)"
+            )
         if passage_scope not in SCOPES:
             raise UsageError(f"unknown passage scope {passage_scope!r} (hint: one of {', '.join(SCOPES)})")
         self.out = Path(out)
@@ -215,6 +219,7 @@ class Searcher:
             "store": self.db.kind,
             "warnings": warnings,
             "expand_tokens": budget,
+            **({"weights": {"bm25": self.weights[0], "dense": self.weights[1]}} if mode == "hybrid" else {}),
             "items": items,
         }
 
@@ -329,16 +334,19 @@ def search(
     store: str | Path | None = None,
     embedder: Any = None,
     expand_tokens: int | None = None,
+    dense_weight: float | None = None,
 ) -> dict[str, Any]:
     """One query against the index of the chunk folder ``out``: 004's retrieval result record,
     items merged into passages of at most ``expand_tokens`` tokens (0: plain chunks; ``None``:
-    the index language's budget, ``language.passage_budget``).
+    the index language's budget, ``language.passage_budget``); in hybrid mode the dense list
+    weighs ``dense_weight`` against BM25's 1 (``None``: the language's, ``language.hybrid_weights``).
 
     Raises:
         UsageError: no index, an unknown mode, ``k`` < 1.
         IndexMismatchError: ``embedder`` (or this chunkyard's analyzer) differs from the index's.
     """
-    with Searcher(out, store, embedder, expand_tokens=expand_tokens) as searcher:
+    weights = None if dense_weight is None else (1.0, dense_weight)
+    with Searcher(out, store, embedder, expand_tokens=expand_tokens, weights=weights) as searcher:
         return searcher.record(query, k, mode)
 
 

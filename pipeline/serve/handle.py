@@ -100,6 +100,8 @@ class IndexHandle:
         expand_tokens: the default passage budget (``chunkyard search --expand``; ``None``: the
             index language's, as the CLI's).
         query_cache: vectors of this many recent queries kept (0: every query is embedded).
+        dense_weight: hybrid search's dense weight against BM25's 1 (``chunkyard search
+            --dense-weight``; ``None``: the index language's).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class IndexHandle:
         workers: int = 2,
         expand_tokens: int | None = None,
         query_cache: int = DEFAULT_CACHE_SIZE,
+        dense_weight: float | None = None,
     ) -> None:
         if workers < 1:
             raise UsageError(f"workers must be at least 1, got {workers}")
@@ -121,6 +124,7 @@ class IndexHandle:
         self.store = store
         self.corpus = Path(corpus) if corpus is not None else None
         self.expand_tokens = expand_tokens
+        self.weights = None if dense_weight is None else (1.0, dense_weight)
         self.kind, self.path = store_spec(self.out, store)
         self._embedder = embedder
         self._query_embedder: QueryEmbedder | None = None
@@ -349,6 +353,7 @@ class IndexHandle:
             embedder,
             expand_tokens=self.expand_tokens,
             corpus=self.corpus,
+            weights=self.weights,
             overlap_lexical=self._slots == 1,  # with more workers, queries fill the cores
         )
         slot.inode = inode
@@ -371,26 +376,9 @@ def _size_on_disk(path: Path) -> int:
     return total
 
 
-def open_index(
-    out: Path | str,
-    store: str | Path | None = None,
-    *,
-    corpus: Path | str | None = None,
-    embedder: Any = None,
-    workers: int = 2,
-    expand_tokens: int | None = None,
-    query_cache: int = DEFAULT_CACHE_SIZE,
-) -> IndexHandle:
-    """Open the index of ``out`` for many queries: see ``IndexHandle``."""
-    return IndexHandle(
-        out,
-        store,
-        corpus=corpus,
-        embedder=embedder,
-        workers=workers,
-        expand_tokens=expand_tokens,
-        query_cache=query_cache,
-    )
+def open_index(out: Path | str, store: str | Path | None = None, **options: Any) -> IndexHandle:
+    """Open the index of ``out`` for many queries: ``IndexHandle(out, store, **options)``."""
+    return IndexHandle(out, store, **options)
 
 
 __all__ = ("BadIdError", "IndexHandle", "NoIndexError", "UnknownIdError", "check_address", "open_index")

@@ -137,6 +137,7 @@ def process_app() -> Any:
         corpus=settings.get("corpus"),
         workers=int(settings["workers"]),
         query_cache=int(settings["query_cache"]),
+        dense_weight=settings.get("dense_weight"),
     )
     with contextlib.suppress(PipelineError):  # no index yet: the first search says so
         handle.warm()
