@@ -280,17 +280,8 @@ def search_cmd(
     from pipeline.index.vector_store import IndexMismatchError
 
     try:
-        budget = 0 if no_expand else expand
-        record = search(
-            out,
-            query,
-            k=k,
-            mode=mode,
-            store=store,
-            embedder=embedder,
-            expand_tokens=budget,
-            dense_weight=dense_weight,
-        )
+        record = search(out, query, k=k, mode=mode, store=store, embedder=embedder,
+                        expand_tokens=0 if no_expand else expand, dense_weight=dense_weight)  # fmt: skip
         if html is not None:
             _write_search_page(record, query, out, html)
     except IndexMismatchError as exc:
