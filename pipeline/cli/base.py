@@ -79,9 +79,9 @@ DenseWeightOpt = Annotated[
         "--dense-weight",
         min=0.0,
         metavar="W",
-        help="Hybrid: the dense list's weight against BM25's 1 (default: the index language's: 1, or for CJK "
-        "text 0.7 by the multilingual model, 0.1 by the English one). Corpora differ: measure yours with "
-        "`chunkyard eval GOLD --dense-weight W`.",
+        help="Hybrid: the dense list's weight against BM25's 1 (default: the index's, from `index --dense-weight`, "
+        "else its language's: 1, or for CJK text 0.7 by the multilingual model, 0.1 by the English one). "
+        "Corpora differ: measure yours with `chunkyard eval GOLD --dense-weight W`.",
     ),
 ]
 

@@ -122,6 +122,16 @@ def index_cmd(
             "multilingual embedder when installed), en…; default auto: detected from the chunks.",
         ),
     ] = None,
+    dense_weight: Annotated[
+        float | None,
+        typer.Option(
+            "--dense-weight",
+            min=0.0,
+            metavar="W",
+            help="Keep in the index: its hybrid search weighs the dense list W against BM25's 1, for every "
+            "reader (search, eval, serve); default: the index's own, else its language's.",
+        ),
+    ] = None,
     wait: WaitOpt = True,
     executor: IndexExecutorOpt = "local",
     address: IndexAddressOpt = None,
@@ -179,6 +189,7 @@ def index_cmd(
                 batch_size=batch_size or None,
                 on_note=on_note,
                 lang=lang,
+                dense_weight=dense_weight,
             )
     except IndexMismatchError as exc:
         raise _mismatch(exc, json_out) from None
@@ -227,7 +238,8 @@ def index_cmd(
         )
     out_console.print(
         f"embedder {escape(report.embed_model)}: {escape(report.embedder_reason)}; "
-        f"analyzer {escape(report.analyzer)}: {escape(report.analyzer_reason)}",
+        f"analyzer {escape(report.analyzer)}: {escape(report.analyzer_reason)}; "
+        f"hybrid dense weight {report.dense_weight:g}: {escape(report.dense_weight_reason)}",
         highlight=False,
     )
     out_console.print(

@@ -210,9 +210,12 @@ def prompt_tokens(meta: Mapping[str, str]) -> int | None:
 
 
 def hybrid_weights(meta: Mapping[str, str]) -> tuple[float, float]:
-    """(BM25, dense) weights of hybrid search over the index whose meta is ``meta``: equal, except
-    an index with the CJK analyzer, whose dense side counts ``CJK_DENSE``, or
-    ``CJK_DENSE_MULTILINGUAL`` when a multilingual model embedded it."""
+    """(BM25, dense) weights of hybrid search over the index whose meta is ``meta``: the dense
+    weight its ``index --dense-weight`` stored (``dense_weight``), else equal, except an index
+    with the CJK analyzer, whose dense side counts ``CJK_DENSE``, or ``CJK_DENSE_MULTILINGUAL``
+    when a multilingual model embedded it."""
+    if meta.get("dense_weight"):
+        return (1.0, float(meta["dense_weight"]))
     if is_cjk_index(meta):
         multilingual = meta.get("embed_model", "") in MULTILINGUAL
         return (1.0, CJK_DENSE_MULTILINGUAL if multilingual else CJK_DENSE)

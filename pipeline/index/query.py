@@ -86,17 +86,13 @@ class Searcher:
         self.passage_scope = passage_scope
         self.fusion = fusion
         self.rrf_k = rrf_k
-        self.weights = weights or (1.0, 1.0)
-        """Hybrid fusion: ``w_bm25 * z_bm25 + w_dense * z_dense`` (or, with ``fusion="rrf"``,
-        ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)``; the bench tunes them)."""
+        self._asked_weights = weights
         self._passages = Passages(self.out, corpus, passage_scope)
         self.db: VectorStore = open_store(self.out, store)
         self.meta = self.db.meta()
         if not self.meta.get("embed_model"):
             self.db.close()
             raise UsageError(f"{self.db.path}: the index is empty (hint: `chunkyard index --out {out}`)")
-        if weights is None:  # the language's: a weak dense side never drags BM25 down
-            self.weights = hybrid_weights(self.meta)
         self.expand_tokens = (
             passage_budget(self.meta, DEFAULT_BUDGET) if expand_tokens is None else expand_tokens
         )
@@ -141,6 +137,15 @@ class Searcher:
         from pipeline.index.embedders import make_embedder
 
         return make_embedder(spec)
+
+    @property
+    def weights(self) -> tuple[float, float]:
+        """Hybrid fusion: ``w_bm25 * z_bm25 + w_dense * z_dense`` (or, with ``fusion="rrf"``,
+        ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)``): the ones asked, else the index's
+        (``language.hybrid_weights``: a stored ``index --dense-weight``, else the language's, so
+        that a weak dense side never drags BM25 down), read from ``meta`` as it is now (a server
+        refreshes it after each commit)."""
+        return self._asked_weights or hybrid_weights(self.meta)
 
     @property
     def embedder(self) -> Any:

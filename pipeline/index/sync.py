@@ -41,7 +41,7 @@ from pipeline.index.identity import (
     rebuild_hint,
     summarize,
 )
-from pipeline.index.language import Choice, choose, embedder_for, require
+from pipeline.index.language import Choice, choose, embedder_for, hybrid_weights, require
 from pipeline.index.rebuild import rebuild_beside
 from pipeline.index.rows import ChunkRow, RowState, Vector
 from pipeline.index.scale import scale_sync, settle_scale
@@ -67,6 +67,7 @@ def index(
     batch_size: int | None = None,
     on_note: Say | None = None,
     lang: str | None = None,
+    dense_weight: float | None = None,
 ) -> IndexReport:
     """Bring the index of the chunk folder ``out`` up to date with its change feed.
 
@@ -87,6 +88,9 @@ def index(
             back to the CPU).
         lang: ``--lang``: the corpus's language, which picks the BM25 analyzer of a new index
             (``None`` or ``auto``: the index's own, else detected; ``pipeline.index.language``).
+        dense_weight: ``--dense-weight``: hybrid search's dense weight against BM25's 1, kept in
+            the index for every reader (``None``: the index's own, else the language's). A run
+            that changes only the weight commits it (a new generation), nothing else.
 
     Raises:
         IndexMismatchError: the embedder or analyzer differs from the index's.
@@ -100,10 +104,11 @@ def index(
     how = Embedding(executor, "cpu" if executor is not None else device, batch_size, on_note)
     with store_lock(path, wait=wait, on_wait=on_wait):
         if rebuild:
-            return _rebuild(out, store, kind, path, embedder, on_progress, how, lang)
+            return _rebuild(out, store, kind, path, embedder, on_progress, how, lang, dense_weight)
         return _run(
-            out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, how=how, lang=lang
-        )
+            out, store, kind, path, embedder, reconcile=reconcile, on_progress=on_progress, how=how, lang=lang,
+            dense_weight=dense_weight,
+        )  # fmt: skip
 
 
 def _run(
@@ -117,6 +122,7 @@ def _run(
     on_progress: Progress | None,
     how: Embedding,
     lang: str | None = None,
+    dense_weight: float | None = None,
 ) -> IndexReport:
     """One run on the store at ``path``: plan, embed what is new, commit (module docstring).
     The analyzer and, for a new index, the embedder follow the language (``pipeline.index.language``)."""
@@ -137,16 +143,17 @@ def _run(
         report = IndexReport(store=str(path), embed_model=embedder.name, max_tokens=embedder.max_tokens)
         report.analyzer, report.analyzer_reason = language.analyzer, language.reason
         report.embedder_reason = embedder_reason
+        weight = _weight_meta(stored, dense_weight, wanted, report)
         report.reconcile = reconcile
         plan = _plan(out, db, stored, report)
         if on_progress:
             on_progress("plan", len(plan.upserts), len(plan.upserts))
         upserts = rows_to_write(db, embedder, plan, report, how, on_progress)
-        meta = _next_meta(
-            db, stored, {**wanted, "out": str(out.resolve()), "embed_spec": spec}, plan, upserts, report
-        )
+        config = {**wanted, **weight, "out": str(out.resolve()), "embed_spec": spec}
+        meta = _next_meta(db, stored, config, plan, upserts, report)
         scale = scale_sync(kind, path, embedder.dim, report)
-        if not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None) and stored:
+        unmoved = not upserts and not plan.deletes and report.cursor == (stored.get("cursor") or None)
+        if unmoved and stored and weight.get("dense_weight") == stored.get("dense_weight"):
             if scale is not None:
                 scale.settle(stored)
             return _done(report, started)  # nothing moved: the index stays as it is, generation too
@@ -282,6 +289,24 @@ def _embedder(
     return made, spec
 
 
+def _weight_meta(
+    stored: dict[str, str], asked: float | None, config: dict[str, str], report: IndexReport
+) -> dict[str, str]:
+    """The meta that keeps hybrid search's dense weight (``dense_weight``: the one asked, else the
+    index's own; none: the language's, ``language.hybrid_weights``), and the report's account of it."""
+    if asked is not None and not asked >= 0:
+        raise UsageError(f"--dense-weight must be 0 or more, got {asked}")
+    if asked is not None:
+        kept, report.dense_weight_reason = {"dense_weight": repr(float(asked))}, "--dense-weight"
+    elif stored.get("dense_weight"):
+        kept = {"dense_weight": stored["dense_weight"]}
+        report.dense_weight_reason = "the index's own (an earlier --dense-weight)"
+    else:
+        kept, report.dense_weight_reason = {}, "the language's"
+    report.dense_weight = hybrid_weights({**config, **kept})[1]
+    return kept
+
+
 def _embedder_choice(embedder: Any, stored: dict[str, str], language: Choice) -> tuple[Any, str]:
     """``embedder`` (or the index's own) and why; for a new index without one, the language's."""
     if embedder is not None:
@@ -300,11 +325,16 @@ def _rebuild(
     on_progress: Progress | None,
     how: Embedding,
     lang: str | None = None,
+    dense_weight: float | None = None,
 ) -> IndexReport:
     """A fresh index built beside the old one, then swapped in: the old stays searchable until then.
-    Its analyzer is chosen afresh (``lang``, else detected), as for a new index."""
+    Its analyzer is chosen afresh (``lang``, else detected), as for a new index; a dense weight
+    the old one kept stays unless another is asked."""
+    old = _stored_meta(kind, path)
     if embedder is None:  # the same embedder as before: a rebuild from scratch
-        embedder = _stored_meta(kind, path).get("embed_spec") or None
+        embedder = old.get("embed_spec") or None
+    if dense_weight is None and old.get("dense_weight"):
+        dense_weight = float(old["dense_weight"])
     report = rebuild_beside(
         kind,
         path,
@@ -318,6 +348,7 @@ def _rebuild(
             on_progress=on_progress,
             how=how,
             lang=lang,
+            dense_weight=dense_weight,
         ),
     )
     settle_scale(kind, path, report)  # the scale indexes follow the swapped-in store

@@ -50,6 +50,8 @@ class IndexReport:
     analyzer: str = ""  #: the BM25 analyzer the index reads and writes with
     analyzer_reason: str = ""  #: why that one (``--lang``, the index's own, or detected)
     embedder_reason: str = ""  #: why that embedder (``--embedder``, the index's own, or the language)
+    dense_weight: float = 1.0  #: the dense list's weight against BM25's 1 in the index's hybrid search
+    dense_weight_reason: str = ""  #: why that weight (``--dense-weight``, the index's own, or the language's)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
