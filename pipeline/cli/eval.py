@@ -87,7 +87,7 @@ def open_index_search(
     dense_weight: float | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """The index's ``search(query, mode, k)`` (``pipeline.index.query.Searcher``, passages of
-    ``expand_tokens``, hybrid with ``dense_weight`` (``None``: the language's), as ``chunkyard
+    ``expand_tokens``, hybrid with ``dense_weight`` (``None``: the index's), as ``chunkyard
     search`` gives them) and its identity (``index_hash``, ``embed_model``, ``analyzer``, as the
     index records them, ``expand_tokens`` and the hybrid ``weights``)."""
     try:

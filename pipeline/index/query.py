@@ -344,7 +344,7 @@ def search(
     """One query against the index of the chunk folder ``out``: 004's retrieval result record,
     items merged into passages of at most ``expand_tokens`` tokens (0: plain chunks; ``None``:
     the index language's budget, ``language.passage_budget``); in hybrid mode the dense list
-    weighs ``dense_weight`` against BM25's 1 (``None``: the language's, ``language.hybrid_weights``).
+    weighs ``dense_weight`` against BM25's 1 (``None``: the index's, ``language.hybrid_weights``).
 
     Raises:
         UsageError: no index, an unknown mode, ``k`` < 1.

@@ -101,7 +101,7 @@ class IndexHandle:
             index language's, as the CLI's).
         query_cache: vectors of this many recent queries kept (0: every query is embedded).
         dense_weight: hybrid search's dense weight against BM25's 1 (``chunkyard search
-            --dense-weight``; ``None``: the index language's).
+            --dense-weight``; ``None``: the index's, ``language.hybrid_weights``).
     """
 
     def __init__(
