@@ -89,7 +89,7 @@ class Searcher:
         self._asked_weights = weights
         self._passages = Passages(self.out, corpus, passage_scope)
         self.db: VectorStore = open_store(self.out, store)
-        self.meta = self.db.meta()
+        self.use_meta(self.db.meta())
         if not self.meta.get("embed_model"):
             self.db.close()
             raise UsageError(f"{self.db.path}: the index is empty (hint: `chunkyard index --out {out}`)")
@@ -101,9 +101,6 @@ class Searcher:
         """The prompt a hybrid search's passages share (``expand.shared_budget``; ``None`` asked: the
         language's, ``language.prompt_tokens``; 0 or none: every passage may take the whole budget).
         BM25 or dense alone keep fixed passages."""
-        self._windows = window_scorer(self.db, self.meta, self.out, self._passages.read_record, bm25_window)
-        """BM25 over each chunk with its neighbours (``pipeline.index.windows``): the CJK
-        analyzer's default; ``bm25_window`` 0 ranks each chunk alone."""
         self._embedder = embedder
         self._store_arg = store
         self.overlap_lexical = overlap_lexical
@@ -113,8 +110,12 @@ class Searcher:
         self._executor: ThreadPoolExecutor | None = None
         self._lexical_db: VectorStore | None = None
         self._scale = open_scale_search(self.db.kind, self.db.path, int(self.meta.get("dim", "0") or 0))
-        if self._windows is not None and self._scale is not None:
-            self._windows.counts = self._scale.counts  # the windows' term counts: a lookup at scale
+        counts = self._scale.counts if self._scale is not None else None  # a lookup at scale
+        self._windows = window_scorer(
+            self.db, self.meta, self.out, self._passages.read_record, bm25_window, counts
+        )
+        """BM25 over each chunk with its neighbours (``pipeline.index.windows``): the CJK
+        analyzer's default; ``bm25_window`` 0 ranks each chunk alone."""
         hint = rebuild_hint(str(out), str(store) if store else None, None)
         require(self.db.analyzer, default_analyzer(self.db), where=str(self.db.path), hint=hint)
         wanted: dict[str, str] = {"analyzer": self.db.analyzer}
@@ -138,14 +139,16 @@ class Searcher:
 
         return make_embedder(spec)
 
-    @property
-    def weights(self) -> tuple[float, float]:
+    def use_meta(self, meta: dict[str, str]) -> None:
+        """Answer as the index whose meta is ``meta`` (a server passes the one it read before each
+        query, so that a commit's identity and weights reach its next answer): the records'
+        identity, and ``weights``."""
+        self.meta = meta
+        self.weights = self._asked_weights or hybrid_weights(meta)
         """Hybrid fusion: ``w_bm25 * z_bm25 + w_dense * z_dense`` (or, with ``fusion="rrf"``,
         ``w_bm25 / (rrf_k + rank) + w_dense / (rrf_k + rank)``): the ones asked, else the index's
-        (``language.hybrid_weights``: a stored ``index --dense-weight``, else the language's, so
-        that a weak dense side never drags BM25 down), read from ``meta`` as it is now (a server
-        refreshes it after each commit)."""
-        return self._asked_weights or hybrid_weights(self.meta)
+        (``language.hybrid_weights``: a kept ``index --dense-weight``, else the language's, so
+        that a weak dense side never drags BM25 down)."""
 
     @property
     def embedder(self) -> Any:

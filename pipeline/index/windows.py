@@ -64,7 +64,15 @@ class WindowScorer:
     """Window BM25 over the SQLite index at ``path`` (its FTS5 table ``fts``) and the chunk
     folder ``out``; ``analysis``: the index's analyzer; ``read``: how a chunk file is read."""
 
-    def __init__(self, path: Path, out: Path, analysis: Analysis, read: Reader, window: int = WINDOW) -> None:
+    def __init__(
+        self,
+        path: Path,
+        out: Path,
+        analysis: Analysis,
+        read: Reader,
+        window: int = WINDOW,
+        counts: Callable[[tuple[str, ...]], int | None] | None = None,
+    ) -> None:
         import apsw
 
         self.out = out
@@ -81,7 +89,7 @@ class WindowScorer:
         #: Another index's count of the rows holding a phrase (the searcher's scale BM25 index
         #: while it is current: a lookup where FTS5 reads every match); ``None`` from it, or no
         #: such index: FTS5 counts.
-        self.counts: Callable[[tuple[str, ...]], int | None] | None = None
+        self.counts = counts
 
     def close(self) -> None:
         self._fts.close()
@@ -205,11 +213,17 @@ class WindowScorer:
 
 
 def window_scorer(
-    db: Any, meta: dict[str, str], out: Path, read: Reader, window: int | None
+    db: Any,
+    meta: dict[str, str],
+    out: Path,
+    read: Reader,
+    window: int | None,
+    counts: Callable[[tuple[str, ...]], int | None] | None = None,
 ) -> WindowScorer | None:
     """The scorer ``search`` uses over the open store ``db``: an index built with the CJK
     analyzer in the SQLite store gets ``WINDOW`` (or ``window``) neighbours a side; any other
-    index (or ``window`` 0) ranks BM25 over each chunk alone (``None``)."""
+    index (or ``window`` 0) ranks BM25 over each chunk alone (``None``). ``counts``: the phrase
+    counts of the scale BM25 index, when the searcher has one (``WindowScorer.counts``)."""
     from pipeline.index.analyzers import analysis, base_of
     from pipeline.index.cjk import BIGRAMS
 
@@ -220,4 +234,4 @@ def window_scorer(
     found = analysis(name, base_of(name) + "+cjk-chars")
     if found is None:
         return None
-    return WindowScorer(Path(db.path), out, found, read, size)
+    return WindowScorer(Path(db.path), out, found, read, size, counts)

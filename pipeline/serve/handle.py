@@ -177,7 +177,7 @@ class IndexHandle:
             searcher = self._searcher(slot)
             for _ in range(MAX_RETRIES):
                 meta = searcher.db.meta()
-                searcher.meta = meta
+                searcher.use_meta(meta)
                 record = searcher.record(query, k, mode, budget)
                 if searcher.db.meta().get("generation") == meta.get("generation"):
                     return record
