@@ -34,8 +34,15 @@ sys.path.insert(0, str(HERE))
 
 
 def main() -> None:
-    import numpy as np
-    from kept_haystack import ENGLISH, KeptHaystack, gold_questions, new_graph
+    from kept_haystack import (
+        ENGLISH,
+        KeptHaystack,
+        exact_truths,
+        gold_questions,
+        new_graph,
+        recall_as_searched,
+        split,
+    )
 
     from pipeline.index import ann
     from pipeline.index.vector_store import TIE_MARGIN
@@ -53,11 +60,7 @@ def main() -> None:
     args = parser.parse_args()
 
     haystack = KeptHaystack(args.keep)
-    rowid_of = {chunk_id: rowid for rowid, chunk_id in haystack.rowids()}
-    copies = np.asarray(sorted(r for c, r in rowid_of.items() if c.startswith("haystack/")), dtype=np.uint64)
-    gold = np.asarray(
-        sorted(r for c, r in rowid_of.items() if not c.startswith("haystack/")), dtype=np.uint64
-    )
+    rowid_of, copies, gold = split(haystack.rowids())
     if args.step == "build":
         started = time.perf_counter()
         vectors = haystack.read(copies)
@@ -72,22 +75,14 @@ def main() -> None:
 
     from usearch.index import Index
 
-    exact_runs = json.loads((args.keep / "runs-1000000-exact.json").read_text())["dense"]
     gold_vectors = haystack.read(gold)
     asked = {name: gold_questions(name) for name in ENGLISH}
     queries = {name: haystack.embed(questions) for name, questions in asked.items()}
-    truths = {
-        name: [{rowid_of[it["chunk_id"]] for it in exact_runs[q][:10]} for q in questions]
-        for name, questions in asked.items()
-    }
+    truths = {name: exact_truths(args.keep, rowid_of, questions) for name, questions in asked.items()}
 
     def recall(search: Any, name: str) -> float:
-        hits = 0
-        for query, truth in zip(queries[name], truths[name], strict=True):
-            keys = [int(k) for k in search(query, 10 + TIE_MARGIN)]
-            scores = haystack.read(keys) @ query if keys else np.zeros(0)
-            hits += len({keys[i] for i in np.argsort(-scores)[:10]} & truth)
-        return round(hits / max(1, sum(len(t) for t in truths[name])), 4)
+        found = [search(query, 10 + TIE_MARGIN) for query in queries[name]]
+        return recall_as_searched(found, haystack.read, queries[name], truths[name])
 
     for expansion_add in args.expansion_add:
         result: dict[str, Any] = {"expansion_add": expansion_add, "gold": len(gold)}

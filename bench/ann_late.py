@@ -27,7 +27,15 @@ sys.path.insert(0, str(HERE))
 
 def main() -> None:
     import numpy as np
-    from kept_haystack import ENGLISH, KeptHaystack, gold_questions, new_graph
+    from kept_haystack import (
+        ENGLISH,
+        KeptHaystack,
+        exact_truths,
+        gold_questions,
+        new_graph,
+        recall_as_searched,
+        split,
+    )
 
     from pipeline.index.vector_store import TIE_MARGIN
 
@@ -38,10 +46,7 @@ def main() -> None:
     args = parser.parse_args()
 
     haystack = KeptHaystack(args.keep)
-    exact_runs = json.loads((args.keep / "runs-1000000-exact.json").read_text())["dense"]
-    rowid_of = {chunk_id: rowid for rowid, chunk_id in haystack.rowids()}
-    gold = np.asarray(sorted(r for c, r in rowid_of.items() if not c.startswith("haystack/")), dtype=np.uint64)
-    copies = np.asarray(sorted(r for c, r in rowid_of.items() if c.startswith("haystack/")), dtype=np.uint64)
+    rowid_of, copies, gold = split(haystack.rowids())
     started = time.perf_counter()
     order = np.concatenate([copies, gold] if args.gold_last else [gold, copies])
     vectors = haystack.read(order)
@@ -55,19 +60,14 @@ def main() -> None:
     position = {int(k): i for i, k in enumerate(order)}
 
     def recall(index: Any, queries: Any, truths: list[set[int]]) -> float:
-        hits = 0
-        for query, truth, found in zip(queries, truths, index.search(queries, 10 + TIE_MARGIN).keys, strict=True):
-            keys = [int(k) for k in found]
-            scores = vectors[[position[k] for k in keys]] @ query
-            best = {keys[i] for i in np.argsort(-scores)[:10]}
-            hits += len(best & truth)
-        return round(hits / max(1, sum(len(t) for t in truths)), 4)
+        found = index.search(queries, 10 + TIE_MARGIN).keys
+        return recall_as_searched(found, lambda keys: vectors[[position[k] for k in keys]], queries, truths)
 
     result: dict[str, Any] = {**log, "expansion_add": args.expansion_add, "gold_last": args.gold_last}
     for name in ENGLISH:
         questions = gold_questions(name)
         queries = haystack.embed(questions)
-        truths = [{rowid_of[it["chunk_id"]] for it in exact_runs[q][:10]} for q in questions]
+        truths = exact_truths(args.keep, rowid_of, questions)
         result[name] = {"built": recall(graph, queries, truths), "kept": recall(kept, queries, truths)}
     print(json.dumps(result, indent=2))
 

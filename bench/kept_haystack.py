@@ -1,4 +1,4 @@
-"""What ``bench/ann_order.py`` and ``bench/ann_late.py`` read of a kept 1M haystack (issue 31).
+"""What ``bench/ann_order.py``, ``ann_late.py`` and ``ann_incremental.py`` read of a kept 1M haystack (issue 31).
 
 A haystack kept by ``search_scale.py --keep DIR`` with the three English gold sets inside: its
 store, the HNSW state and the graph's exact vectors file beside it, the gold questions embedded
@@ -74,6 +74,37 @@ class KeptHaystack:
         embed = CachedEmbed(make_embedder("default"), self.keep / "embed-cache.sqlite", quiet=True)
         queries = np.asarray(embed(questions), dtype=np.float32)
         return queries / np.linalg.norm(queries, axis=1, keepdims=True)
+
+
+def split(rowids: list[tuple[int, str]]) -> tuple[dict[str, int], Any, Any]:
+    """``(rowid of chunk_id, the copies' rowids, the gold corpora's rowids)`` of a kept haystack
+    (``KeptHaystack.rowids()``): a copy's chunk id starts with ``haystack/``."""
+    import numpy as np
+
+    rowid_of = {chunk_id: rowid for rowid, chunk_id in rowids}
+    copies = sorted(r for c, r in rowid_of.items() if c.startswith("haystack/"))
+    gold = sorted(r for c, r in rowid_of.items() if not c.startswith("haystack/"))
+    return rowid_of, np.asarray(copies, dtype=np.uint64), np.asarray(gold, dtype=np.uint64)
+
+
+def exact_truths(keep: Path, rowid_of: dict[str, int], questions: list[str]) -> list[set[int]]:
+    """Each question's top 10 by exact dense search over the kept 1M (its ``--only exact`` run)."""
+    runs = json.loads((keep / "runs-1000000-exact.json").read_text())["dense"]
+    return [{rowid_of[item["chunk_id"]] for item in runs[q][:10]} for q in questions]
+
+
+def recall_as_searched(found: Any, vectors_of: Any, queries: Any, truths: list[set[int]]) -> float:
+    """Recall@10 against ``truths`` as a searcher ranks: each query's candidates (``found``, one
+    key list per query, ``10 + TIE_MARGIN`` asked) scored by their exact vectors
+    (``vectors_of(keys)``, one row each), the best 10 kept."""
+    import numpy as np
+
+    hits = 0
+    for query, truth, keys in zip(queries, truths, found, strict=True):
+        keys = [int(k) for k in keys]
+        scores = vectors_of(keys) @ query if keys else np.zeros(0)
+        hits += len({keys[i] for i in np.argsort(-scores)[:10]} & truth)
+    return round(hits / max(1, sum(len(t) for t in truths)), 4)
 
 
 def gold_questions(name: str) -> list[str]:
